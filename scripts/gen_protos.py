@@ -63,6 +63,21 @@ def trees_equal(a: Path, b: Path) -> list[str]:
     return diff
 
 
+def sync_tree(source: Path, dest: Path) -> None:
+    """Make dest equal to source, touching only files that changed, so that code importing
+    gen/ while it is being regenerated never sees it missing."""
+    for rel in trees_equal(source, dest) if dest.exists() else ["."]:
+        src, dst = source / rel, dest / rel
+        if rel == "." or src.is_dir():
+            shutil.copytree(source, dest, dirs_exist_ok=True)
+            return
+        if src.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+        else:
+            dst.unlink()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="fail if gen/ is not up to date")
@@ -79,9 +94,7 @@ def main() -> int:
                 return 1
             print("gen/ is up to date")
             return 0
-        if GEN_DIR.exists():
-            shutil.rmtree(GEN_DIR)
-        shutil.copytree(fresh, GEN_DIR)
+        sync_tree(fresh, GEN_DIR)
     print(f"generated stubs for {len(list(GEN_DIR.rglob('*_pb2.py')))} proto files in gen/")
     return 0
 

@@ -74,7 +74,10 @@ class _RoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Role.ValueType],
     asking the vault to clone a repository at provision time).
     """
     ROLE_ADMIN: _Role.ValueType  # 4
-    """The operator. An admin token MUST be accepted by every method of every service."""
+    """The operator.
+
+    [COMMON-AUTH-003] An admin token MUST be accepted by every method of every service.
+    """
 
 class Role(_Role, metaclass=_RoleEnumTypeWrapper):
     """A role is what a bearer token entitles its holder to. Tokens are issued per role by the
@@ -96,7 +99,10 @@ ROLE_SANDBOX_SERVER: Role.ValueType  # 3
 asking the vault to clone a repository at provision time).
 """
 ROLE_ADMIN: Role.ValueType  # 4
-"""The operator. An admin token MUST be accepted by every method of every service."""
+"""The operator.
+
+[COMMON-AUTH-003] An admin token MUST be accepted by every method of every service.
+"""
 Global___Role: _TypeAlias = Role  # noqa: Y015
 
 class _ErrorReason:
@@ -355,14 +361,19 @@ class ServerInfo(_message.Message):
     @_builtins.property
     def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Optional features implemented, by the names each service's contract defines
-        (e.g. `sandbox.execute_stream`). A client or the conformance suite MUST NOT rely on
-        an optional feature the server does not list.
+        (e.g. `sandbox.execute_stream`).
+
+        [COMMON-CAP-002] A client or the conformance suite MUST NOT rely on an optional feature
+        the server does not list.
         """
 
     @_builtins.property
     def limits(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Numeric limits in force, by the names each service's contract defines
-        (e.g. `session.max_event_bytes`). A client SHOULD stay within them.
+        (e.g. `session.max_event_bytes`).
+
+        [COMMON-CAP-003] A client SHOULD stay within them; a server MUST answer a request
+        beyond a limit with the error its contract names for that limit.
         """
 
     def __init__(
@@ -384,4 +395,8 @@ Global___ServerInfo: _TypeAlias = ServerInfo  # noqa: Y015
 
 AUTH_FIELD_NUMBER: _builtins.int
 auth: _extension_dict._ExtensionFieldDescriptor[_descriptor_pb2.MethodOptions, Global___MethodAuth]
-"""The authentication rule of an OMA method. Every OMA RPC MUST declare it."""
+"""The authentication rule of an OMA method.
+
+[COMMON-AUTH-004] Every OMA RPC MUST declare it; a server MUST treat a method without it
+as admin-only (fail closed).
+"""
