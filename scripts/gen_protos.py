@@ -43,7 +43,10 @@ def generate(out_dir: Path) -> None:
         f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
         f"--mypy_out={out_dir}", f"--mypy_grpc_out={out_dir}", *protos,
     ]
-    subprocess.run(cmd, check=True, cwd=PROTO_DIR)
+    # protoc-gen-mypy chatters "Writing mypy to ..." on stderr; show it only on failure.
+    result = subprocess.run(cmd, cwd=PROTO_DIR, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"protoc failed:\n{result.stderr}")
     # Make every generated directory a regular package so it installs and type-checks.
     for directory in [out_dir / "oma", *(p for p in (out_dir / "oma").rglob("*") if p.is_dir())]:
         if directory == out_dir / "oma":
