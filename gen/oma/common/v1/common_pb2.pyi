@@ -191,6 +191,16 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """`UNAVAILABLE`: the upstream could not be reached."""
     ERROR_REASON_REFRESH_FAILED: _ErrorReason.ValueType  # 309
     """`FAILED_PRECONDITION`: refreshing an OAuth credential failed."""
+    ERROR_REASON_CREDENTIAL_EXISTS: _ErrorReason.ValueType  # 310
+    """`ALREADY_EXISTS`: a credential with the requested id already exists."""
+    ERROR_REASON_CREDENTIAL_KIND_MISMATCH: _ErrorReason.ValueType  # 311
+    """`INVALID_ARGUMENT`: a rotation's secret is of another kind than the credential's."""
+    ERROR_REASON_CLONE_FAILED: _ErrorReason.ValueType  # 312
+    """`FAILED_PRECONDITION`: git could not clone the repository (message scrubbed of secrets)."""
+    ERROR_REASON_MASTER_KEY_EXTERNAL: _ErrorReason.ValueType  # 313
+    """`FAILED_PRECONDITION`: the master key is managed outside the server (e.g. an
+    environment variable), so the server cannot rotate it itself.
+    """
     ERROR_REASON_HARNESS_UNAVAILABLE: _ErrorReason.ValueType  # 400
     """`NOT_FOUND` / `FAILED_PRECONDITION`: the harness cannot drive this session."""
 
@@ -281,6 +291,16 @@ ERROR_REASON_UPSTREAM_UNREACHABLE: ErrorReason.ValueType  # 308
 """`UNAVAILABLE`: the upstream could not be reached."""
 ERROR_REASON_REFRESH_FAILED: ErrorReason.ValueType  # 309
 """`FAILED_PRECONDITION`: refreshing an OAuth credential failed."""
+ERROR_REASON_CREDENTIAL_EXISTS: ErrorReason.ValueType  # 310
+"""`ALREADY_EXISTS`: a credential with the requested id already exists."""
+ERROR_REASON_CREDENTIAL_KIND_MISMATCH: ErrorReason.ValueType  # 311
+"""`INVALID_ARGUMENT`: a rotation's secret is of another kind than the credential's."""
+ERROR_REASON_CLONE_FAILED: ErrorReason.ValueType  # 312
+"""`FAILED_PRECONDITION`: git could not clone the repository (message scrubbed of secrets)."""
+ERROR_REASON_MASTER_KEY_EXTERNAL: ErrorReason.ValueType  # 313
+"""`FAILED_PRECONDITION`: the master key is managed outside the server (e.g. an
+environment variable), so the server cannot rotate it itself.
+"""
 ERROR_REASON_HARNESS_UNAVAILABLE: ErrorReason.ValueType  # 400
 """`NOT_FOUND` / `FAILED_PRECONDITION`: the harness cannot drive this session."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
