@@ -171,6 +171,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """`FAILED_PRECONDITION`: an init step (file, git clone) failed; the sandbox was destroyed."""
     ERROR_REASON_FEATURE_NOT_SUPPORTED: _ErrorReason.ValueType  # 210
     """`UNIMPLEMENTED`: the backend does not advertise this optional feature."""
+    ERROR_REASON_FILE_NOT_FOUND: _ErrorReason.ValueType  # 211
+    """`NOT_FOUND`: no regular file at this path in the sandbox workspace."""
     ERROR_REASON_CREDENTIAL_NOT_FOUND: _ErrorReason.ValueType  # 300
     """`NOT_FOUND`: no credential has this id."""
     ERROR_REASON_HOST_NOT_ALLOWED: _ErrorReason.ValueType  # 301
@@ -271,6 +273,8 @@ ERROR_REASON_INIT_FAILED: ErrorReason.ValueType  # 209
 """`FAILED_PRECONDITION`: an init step (file, git clone) failed; the sandbox was destroyed."""
 ERROR_REASON_FEATURE_NOT_SUPPORTED: ErrorReason.ValueType  # 210
 """`UNIMPLEMENTED`: the backend does not advertise this optional feature."""
+ERROR_REASON_FILE_NOT_FOUND: ErrorReason.ValueType  # 211
+"""`NOT_FOUND`: no regular file at this path in the sandbox workspace."""
 ERROR_REASON_CREDENTIAL_NOT_FOUND: ErrorReason.ValueType  # 300
 """`NOT_FOUND`: no credential has this id."""
 ERROR_REASON_HOST_NOT_ALLOWED: ErrorReason.ValueType  # 301
