@@ -149,6 +149,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """`INVALID_ARGUMENT`: one event is larger than the server's limit (`metadata["limit"]`)."""
     ERROR_REASON_BATCH_TOO_LARGE: _ErrorReason.ValueType  # 109
     """`INVALID_ARGUMENT`: a batch holds more events or bytes than the limit (`metadata["limit"]`)."""
+    ERROR_REASON_NO_SESSION_PENDING: _ErrorReason.ValueType  # 110
+    """`NOT_FOUND`: `AcquireLease` in claim mode found no session that needs a harness."""
     ERROR_REASON_SANDBOX_NOT_FOUND: _ErrorReason.ValueType  # 200
     """`NOT_FOUND`: no sandbox has this id."""
     ERROR_REASON_SANDBOX_TERMINATED: _ErrorReason.ValueType  # 201
@@ -251,6 +253,8 @@ ERROR_REASON_EVENT_TOO_LARGE: ErrorReason.ValueType  # 108
 """`INVALID_ARGUMENT`: one event is larger than the server's limit (`metadata["limit"]`)."""
 ERROR_REASON_BATCH_TOO_LARGE: ErrorReason.ValueType  # 109
 """`INVALID_ARGUMENT`: a batch holds more events or bytes than the limit (`metadata["limit"]`)."""
+ERROR_REASON_NO_SESSION_PENDING: ErrorReason.ValueType  # 110
+"""`NOT_FOUND`: `AcquireLease` in claim mode found no session that needs a harness."""
 ERROR_REASON_SANDBOX_NOT_FOUND: ErrorReason.ValueType  # 200
 """`NOT_FOUND`: no sandbox has this id."""
 ERROR_REASON_SANDBOX_TERMINATED: ErrorReason.ValueType  # 201

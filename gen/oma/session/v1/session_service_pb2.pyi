@@ -652,7 +652,7 @@ class AcquireLeaseRequest(_message.Message):
     HOLDER_ID_FIELD_NUMBER: _builtins.int
     TTL_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
-    """The session to lease."""
+    """The session to lease. Empty means claim mode: any one session that needs a harness."""
     holder_id: _builtins.str
     """Who asks: 1-128 characters of `[A-Za-z0-9._-]`, unique per harness worker."""
     @_builtins.property

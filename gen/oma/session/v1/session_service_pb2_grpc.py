@@ -262,6 +262,10 @@ class SessionServiceServicer:
         existed) MUST carry a fencing token greater than every token granted before for the session.
         [SESSION-LEASE-003] A repeat by the holder of the live lease MUST return the same fencing
         token with the expiry extended by `ttl` (acquiring is idempotent for its holder).
+        [SESSION-LEASE-007] With an empty `session_id` (claim mode), the server MUST grant a lease
+        on one session that needs a harness (as `WatchPendingSessions` defines it), never one that
+        another concurrent claim is granting, or fail with `NOT_FOUND` / `NO_SESSION_PENDING` when
+        there is none. The reference server on PostgreSQL claims with `FOR UPDATE SKIP LOCKED`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

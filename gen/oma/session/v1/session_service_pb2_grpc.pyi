@@ -159,6 +159,10 @@ class SessionServiceStub:
     existed) MUST carry a fencing token greater than every token granted before for the session.
     [SESSION-LEASE-003] A repeat by the holder of the live lease MUST return the same fencing
     token with the expiry extended by `ttl` (acquiring is idempotent for its holder).
+    [SESSION-LEASE-007] With an empty `session_id` (claim mode), the server MUST grant a lease
+    on one session that needs a harness (as `WatchPendingSessions` defines it), never one that
+    another concurrent claim is granting, or fail with `NOT_FOUND` / `NO_SESSION_PENDING` when
+    there is none. The reference server on PostgreSQL claims with `FOR UPDATE SKIP LOCKED`.
     """
     RenewLease: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.RenewLeaseRequest, _session_service_pb2.RenewLeaseResponse]
     """Extends the live lease named by its fencing token to now + `ttl`.
@@ -321,6 +325,10 @@ class SessionServiceAsyncStub(SessionServiceStub):
     existed) MUST carry a fencing token greater than every token granted before for the session.
     [SESSION-LEASE-003] A repeat by the holder of the live lease MUST return the same fencing
     token with the expiry extended by `ttl` (acquiring is idempotent for its holder).
+    [SESSION-LEASE-007] With an empty `session_id` (claim mode), the server MUST grant a lease
+    on one session that needs a harness (as `WatchPendingSessions` defines it), never one that
+    another concurrent claim is granting, or fail with `NOT_FOUND` / `NO_SESSION_PENDING` when
+    there is none. The reference server on PostgreSQL claims with `FOR UPDATE SKIP LOCKED`.
     """
     RenewLease: _aio.UnaryUnaryMultiCallable[_session_service_pb2.RenewLeaseRequest, _session_service_pb2.RenewLeaseResponse]  # type: ignore[assignment]
     """Extends the live lease named by its fencing token to now + `ttl`.
@@ -528,6 +536,10 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         existed) MUST carry a fencing token greater than every token granted before for the session.
         [SESSION-LEASE-003] A repeat by the holder of the live lease MUST return the same fencing
         token with the expiry extended by `ttl` (acquiring is idempotent for its holder).
+        [SESSION-LEASE-007] With an empty `session_id` (claim mode), the server MUST grant a lease
+        on one session that needs a harness (as `WatchPendingSessions` defines it), never one that
+        another concurrent claim is granting, or fail with `NOT_FOUND` / `NO_SESSION_PENDING` when
+        there is none. The reference server on PostgreSQL claims with `FOR UPDATE SKIP LOCKED`.
         """
 
     @_abc_1.abstractmethod
