@@ -1,0 +1,240 @@
+"""One turn of a session: from unanswered input to `session.status_idle`.
+
+`drive` is a loop over the log: run tool calls that wait for a result, else stop when the
+model has answered or a budget is spent, else ask the model. Each step appends its events
+under the lease with ids derived from what is already in the log (the seq the step starts
+from, or the model's `tool_use` id), so a step retried after a lost acknowledgement or by a
+successor harness writes nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import anthropic
+
+from oma.servers.harness import conversation, tools
+from oma.servers.harness import events as ev
+from oma.servers.harness.events import Definition, LogEvent, NewEvent
+from oma.servers.harness.model import ModelFailure, ModelReply, stream_reply
+from oma.servers.harness.ports import Lease, SandboxGone, SandboxPort, SessionPort, ToolOutput
+
+log = logging.getLogger(__name__)
+
+SANDBOX_LOST = (
+    "The sandbox running this tool was lost ({detail}); the command's effects, and files "
+    "written earlier, may be gone. The next tool call runs in a fresh sandbox."
+)
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    max_model_retries: int = 3
+    backoff_initial_seconds: float = 0.5
+    backoff_max_seconds: float = 8.0
+
+
+class Turn:
+    """Drives one session under one lease until it is idle."""
+
+    def __init__(
+        self,
+        session: SessionPort,
+        sandbox: SandboxPort,
+        model: anthropic.AsyncAnthropic,
+        config: LoopConfig,
+        lease: Lease,
+        definition: Definition,
+        log_events: Sequence[LogEvent],
+    ) -> None:
+        self._session = session
+        self._sandbox = sandbox
+        self._model = model
+        self._config = config
+        self._lease = lease
+        self._definition = definition
+        self._log = list(log_events)
+        self._tools = tools.complete(definition.tools)
+        self._sandbox_id: str | None = None
+        self._lost_sandbox = False
+
+    @property
+    def session_id(self) -> str:
+        return self._lease.session_id
+
+    @property
+    def last_seq(self) -> int:
+        return self._log[-1].seq if self._log else 0
+
+    async def _append(self, *batch: NewEvent) -> None:
+        await self._session.append(self._lease, batch)
+        self._log.extend(await self._session.read_events(self.session_id, self.last_seq))
+
+    async def run(self) -> str:
+        """Run to idle; returns the stop reason written. Raises `LeaseLost` if fenced out."""
+        await self._append(NewEvent(f"run.{self.last_seq}", ev.STATUS_RUNNING))
+        while True:
+            pending = conversation.pending_tool_uses(self._log)
+            if pending:
+                for tool_use in pending:
+                    output = await self._run_tool(tool_use)
+                    await self._append(
+                        NewEvent(
+                            f"result.{tool_use.tool_use_id}",
+                            ev.AGENT_TOOL_RESULT,
+                            turn_id=f"t{self.last_seq}",
+                            tool_use_id=tool_use.tool_use_id,
+                            tool_name=tool_use.tool_name,
+                            text=output.text,
+                            is_error=output.is_error,
+                        )
+                    )
+                continue
+            messages = conversation.build_messages(self._log)
+            if not messages or messages[-1]["role"] == "assistant":
+                return await self._idle(ev.STOP_END_TURN)
+            budget = conversation.budget_reached(self._definition, self._log)
+            if budget:
+                await self._append(
+                    NewEvent(
+                        f"budget.{self.last_seq}",
+                        ev.SESSION_ERROR,
+                        code="budget_reached",
+                        text=f"The session's {budget} budget is used up; no more model calls.",
+                    )
+                )
+                return await self._idle(ev.STOP_BUDGET_REACHED)
+            reply = await self._call_model(messages)
+            if reply is None:
+                return await self._idle(ev.STOP_RETRIES_EXHAUSTED)
+
+    async def _idle(self, stop_reason: str) -> str:
+        await self._append(
+            NewEvent(f"idle.{self.last_seq}", ev.STATUS_IDLE, stop_reason=stop_reason)
+        )
+        return stop_reason
+
+    async def _call_model(self, messages: list[dict[str, object]]) -> ModelReply | None:
+        """One model request with retries; appends its events; None when retries ran out."""
+        base = self.last_seq
+        turn = f"t{base}"
+        d = self._definition
+        await self._append(NewEvent(f"m{base}.start", ev.SPAN_START, turn_id=turn, model=d.model))
+        preview_after = self.last_seq
+        failure: ModelFailure | None = None
+        for attempt in range(self._config.max_model_retries + 1):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt))
+            try:
+                reply = await stream_reply(
+                    self._model,
+                    model=d.model,
+                    system=d.system,
+                    messages=messages,
+                    tools=tools.to_api(self._tools),
+                    max_tokens=d.max_tokens,
+                    on_text=lambda text: self._preview(preview_after, text),
+                )
+            except ModelFailure as error:
+                failure = error
+                log.warning(
+                    "session %s: model request failed (attempt %d): %s",
+                    self.session_id,
+                    attempt + 1,
+                    error,
+                )
+                await self._append(
+                    NewEvent(
+                        f"m{base}.error{attempt}",
+                        ev.SESSION_ERROR,
+                        turn_id=turn,
+                        text=str(error),
+                        code=error.error_type,
+                        retrying=error.retryable and attempt < self._config.max_model_retries,
+                    )
+                )
+                if not error.retryable:
+                    break
+                continue
+            batch = []
+            if reply.text:
+                batch.append(
+                    NewEvent(f"m{base}.message", ev.AGENT_MESSAGE, turn_id=turn, text=reply.text)
+                )
+            batch.extend(
+                NewEvent(
+                    f"use.{c.id}",
+                    ev.AGENT_TOOL_USE,
+                    turn_id=turn,
+                    tool_use_id=c.id,
+                    tool_name=c.name,
+                    tool_input=c.input,
+                )
+                for c in reply.tool_calls
+            )
+            batch.append(
+                NewEvent(
+                    f"m{base}.end",
+                    ev.SPAN_END,
+                    turn_id=turn,
+                    usage=reply.usage,
+                    model=reply.model or d.model,
+                    stop_reason=reply.stop_reason,
+                )
+            )
+            await self._append(*batch)
+            return reply
+        await self._append(
+            NewEvent(
+                f"m{base}.end",
+                ev.SPAN_END,
+                turn_id=turn,
+                model=d.model,
+                is_error=True,
+                text=str(failure),
+            )
+        )
+        return None
+
+    def _backoff(self, attempt: int) -> float:
+        ceiling = min(
+            self._config.backoff_max_seconds,
+            self._config.backoff_initial_seconds * 2 ** (attempt - 1),
+        )
+        return random.uniform(ceiling / 2, ceiling)
+
+    async def _preview(self, after_seq: int, text: str) -> None:
+        try:
+            await self._session.publish_preview(self._lease, after_seq, text)
+        except Exception as error:  # previews are best-effort; the stored message is the truth
+            log.debug("preview dropped: %s", error)
+
+    async def _run_tool(self, tool_use: LogEvent) -> ToolOutput:
+        if not tools.is_sandbox_tool(tool_use.tool_name):
+            return ToolOutput(
+                f"Tool {tool_use.tool_name!r} is not available in this session.", True
+            )
+        if self._sandbox_id is None and not self._lost_sandbox:
+            self._sandbox_id = await self._sandbox.find_live(self.session_id)
+        if self._sandbox_id is None:
+            # Keyed by the tool call that needs it: a retry (or a successor harness) reuses
+            # the same sandbox, and a replacement after a loss gets a distinct key.
+            self._sandbox_id = await self._sandbox.provision(
+                self.session_id,
+                f"{self.session_id}.{tool_use.tool_use_id}",
+                self._definition.environment,
+            )
+        try:
+            return await self._sandbox.execute(
+                self._sandbox_id, tool_use.tool_name, tool_use.tool_input, tool_use.tool_use_id
+            )
+        except SandboxGone as gone:
+            log.warning("session %s: sandbox %s lost: %s", self.session_id, self._sandbox_id, gone)
+            lost, self._sandbox_id, self._lost_sandbox = self._sandbox_id, None, True
+            # So that no harness finds it by label and tries to use it again.
+            await self._sandbox.destroy(lost)
+            return ToolOutput(SANDBOX_LOST.format(detail=gone), True)

@@ -1,0 +1,99 @@
+"""What the loop needs from the session and sandbox services, as protocols.
+
+`grpc_ports` implements them over the OMA contracts; the loop depends only on these, so it
+never sees a stub, a status code or a protobuf message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from oma.servers.harness.events import Definition, Environment, LogEvent, NewEvent
+
+
+class LeaseHeld(Exception):
+    """Another holder drives the session."""
+
+    def __init__(self, holder_id: str) -> None:
+        super().__init__(f"the session is driven by {holder_id or 'another harness'}")
+        self.holder_id = holder_id
+
+
+class LeaseLost(Exception):
+    """Our fencing token is no longer valid: another harness owns the session now."""
+
+
+class SessionGone(Exception):
+    """The session does not exist or is terminated."""
+
+    def __init__(self, message: str, *, terminated: bool) -> None:
+        super().__init__(message)
+        self.terminated = terminated
+
+
+class Unreachable(Exception):
+    """A service the harness depends on cannot be reached right now."""
+
+
+class SandboxGone(Exception):
+    """The sandbox died or no longer exists; a new one must be provisioned."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    session_id: str
+    holder_id: str
+    fencing_token: Any
+    ttl_seconds: float
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    text: str
+    is_error: bool
+
+
+class SessionPort(Protocol):
+    async def acquire_lease(self, session_id: str, holder_id: str, ttl_seconds: float) -> Lease:
+        """Take the session's lease; raise `LeaseHeld` or `SessionGone`."""
+        ...
+
+    async def renew_lease(self, lease: Lease) -> Lease:
+        """Extend the lease; raise `LeaseLost` when it is no longer ours."""
+        ...
+
+    async def release_lease(self, lease: Lease) -> None: ...
+
+    async def definition(self, session_id: str) -> Definition: ...
+
+    async def read_events(self, session_id: str, after_seq: int) -> list[LogEvent]:
+        """Every stored event after `after_seq`, in seq order (all pages)."""
+        ...
+
+    async def append(self, lease: Lease, events: Sequence[NewEvent]) -> None:
+        """Append atomically under the lease; raise `LeaseLost` when fenced out."""
+        ...
+
+    async def publish_preview(self, lease: Lease, after_seq: int, text: str) -> None: ...
+
+
+class SandboxPort(Protocol):
+    async def find_live(self, session_id: str) -> str | None:
+        """A live sandbox labelled with this session, if there is one."""
+        ...
+
+    async def provision(
+        self, session_id: str, request_id: str, environment: Environment
+    ) -> str: ...
+
+    async def execute(
+        self, sandbox_id: str, name: str, tool_input: Mapping[str, Any], execution_id: str
+    ) -> ToolOutput:
+        """Run a tool; raise `SandboxGone` when the sandbox is dead or unknown."""
+        ...
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Best-effort, idempotent teardown of a sandbox found dead."""
+        ...

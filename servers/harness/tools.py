@@ -1,0 +1,104 @@
+"""Which tools the model gets, and where each one runs.
+
+The sandbox tools follow Anthropic's agent toolset (`bash`, `read`, `write`, `edit`, `glob`,
+`grep`); the harness routes them to `SandboxService.Execute`. A session definition that names
+one of them without a schema gets the schema below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from oma.servers.harness.events import ToolSpec
+
+
+def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required}
+
+
+_STR = {"type": "string"}
+
+SANDBOX_TOOLS: Mapping[str, ToolSpec] = {
+    spec.name: spec
+    for spec in (
+        ToolSpec(
+            "bash",
+            "Run a bash command in the sandbox workspace; returns its output.",
+            _schema({"command": _STR, "timeout_ms": {"type": "integer"}}, ["command"]),
+        ),
+        ToolSpec(
+            "read",
+            "Read a text file from the sandbox workspace.",
+            _schema(
+                {"path": _STR, "offset": {"type": "integer"}, "limit": {"type": "integer"}},
+                ["path"],
+            ),
+        ),
+        ToolSpec(
+            "write",
+            "Write a text file in the sandbox workspace (creates directories).",
+            _schema({"path": _STR, "content": _STR}, ["path", "content"]),
+        ),
+        ToolSpec(
+            "edit",
+            "Replace one exact occurrence of old_string with new_string in a file.",
+            _schema(
+                {
+                    "path": _STR,
+                    "old_string": _STR,
+                    "new_string": _STR,
+                    "replace_all": {"type": "boolean"},
+                },
+                ["path", "old_string", "new_string"],
+            ),
+        ),
+        ToolSpec(
+            "glob",
+            "List workspace files matching a glob pattern.",
+            _schema({"pattern": _STR, "path": _STR}, ["pattern"]),
+        ),
+        ToolSpec(
+            "grep",
+            "Search workspace files for a regular expression.",
+            _schema(
+                {
+                    "pattern": _STR,
+                    "path": _STR,
+                    "glob": _STR,
+                    "ignore_case": {"type": "boolean"},
+                    "files_with_matches": {"type": "boolean"},
+                },
+                ["pattern"],
+            ),
+        ),
+    )
+}
+
+
+def is_sandbox_tool(name: str) -> bool:
+    return name in SANDBOX_TOOLS
+
+
+def complete(specs: Iterable[ToolSpec]) -> tuple[ToolSpec, ...]:
+    """Fill in the description and schema of known sandbox tools named without one."""
+    out = []
+    for spec in specs:
+        known = SANDBOX_TOOLS.get(spec.name)
+        if known is not None and not spec.input_schema:
+            spec = ToolSpec(spec.name, spec.description or known.description, known.input_schema)
+        elif not spec.input_schema:
+            spec = ToolSpec(spec.name, spec.description, {"type": "object", "properties": {}})
+        out.append(spec)
+    return tuple(out)
+
+
+def to_api(specs: Iterable[ToolSpec]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": s.name,
+            "description": s.description or s.name,
+            "input_schema": dict(s.input_schema),
+        }
+        for s in specs
+    ]
