@@ -12,6 +12,7 @@ so gen/ is a source root; src/oma/<service> are symlinks into it.
 from __future__ import annotations
 
 import argparse
+import json
 import filecmp
 import shutil
 import subprocess
@@ -22,6 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 GEN_DIR = ROOT / "gen"
+# The requirement table the conformance suite cites, derived from the contract's comments.
+REQUIREMENTS_TABLE = ROOT / "conformance" / "requirements.json"
 
 
 def dependency_include_dirs() -> list[Path]:
@@ -81,6 +84,18 @@ def sync_tree(source: Path, dest: Path) -> None:
             dst.unlink()
 
 
+def requirements_table() -> str:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from check_requirement_ids import scan
+
+    requirements, errors = scan(PROTO_DIR)
+    if errors:
+        sys.exit("requirement ids are broken; run scripts/check_requirement_ids.py")
+    rows = [{"id": r.id, "level": r.level, "file": r.file, "line": r.line, "text": r.text}
+            for r in requirements]
+    return json.dumps(rows, indent=1) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="fail if gen/ is not up to date")
@@ -91,6 +106,9 @@ def main() -> int:
         generate(fresh)
         if args.check:
             stale = trees_equal(fresh, GEN_DIR) if GEN_DIR.exists() else ["gen/ missing"]
+            table = REQUIREMENTS_TABLE.read_text() if REQUIREMENTS_TABLE.exists() else ""
+            if table != requirements_table():
+                stale.append(REQUIREMENTS_TABLE.relative_to(ROOT).as_posix())
             if stale:
                 print("gen/ is stale; run `python scripts/gen_protos.py`. Differs:", *stale[:20],
                       sep="\n  ", file=sys.stderr)
@@ -98,6 +116,7 @@ def main() -> int:
             print("gen/ is up to date")
             return 0
         sync_tree(fresh, GEN_DIR)
+    REQUIREMENTS_TABLE.write_text(requirements_table())
     print(f"generated stubs for {len(list(GEN_DIR.rglob('*_pb2.py')))} proto files in gen/")
     return 0
 

@@ -54,6 +54,8 @@ COMMANDS: list[Command] = [
     Command(("run",), "oma.cli.run", "create a session with a prompt and watch it live"),
     Command(("demo",), "oma.cli.demo",
             "run a whole scripted agent session end to end (no API key, no network)"),
+    Command(("conformance",), "oma.conformance.cli",
+            "check any OMA server against the contract's requirements (JUnit/JSON reports)"),
     Command(("bench", "session"), "oma.bench.session",
             "session log: append, tail-read and stream latency ratios"),
     Command(("bench", "sandbox"), "oma.bench.sandbox",
