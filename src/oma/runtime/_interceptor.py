@@ -1,0 +1,283 @@
+"""The server interceptor: per call it authorizes, installs trace and role context, tracks
+the call for graceful shutdown, and turns exceptions into statuses.
+
+Each OMA method's handler is wrapped (health and reflection are passed through untouched,
+[COMMON-AUTH-002]). Response streams are always driven by the wrapper itself with
+`context.write`, so every await of a stream — in the servicer's generator or in the write —
+happens inside the wrapper, which is what lets shutdown end an open stream with a proper
+`UNAVAILABLE` status instead of a bare cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from oma.runtime import auth, trace
+from oma.runtime.errors import OmaError, shutting_down_error
+
+logger = logging.getLogger("oma.runtime")
+
+EXEMPT_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+
+
+class CallTracker:
+    """Calls in flight on one server, and its shutdown state."""
+
+    def __init__(self) -> None:
+        self.shutting_down = asyncio.Event()
+        self.unary_calls = 0
+        self.unary_idle = asyncio.Event()
+        self.unary_idle.set()
+        self.streams: dict[asyncio.Task[Any], bool] = {}  # task → aborted for shutdown
+        self.streams_idle = asyncio.Event()
+        self.streams_idle.set()
+
+    def unary_started(self) -> None:
+        self.unary_calls += 1
+        self.unary_idle.clear()
+
+    def unary_finished(self) -> None:
+        self.unary_calls -= 1
+        if self.unary_calls == 0:
+            self.unary_idle.set()
+
+    def stream_started(self, task: asyncio.Task[Any]) -> None:
+        self.streams[task] = False
+        self.streams_idle.clear()
+
+    def stream_finished(self, task: asyncio.Task[Any]) -> None:
+        self.streams.pop(task, None)
+        if not self.streams:
+            self.streams_idle.set()
+
+    def aborted_for_shutdown(self, task: asyncio.Task[Any]) -> bool:
+        return self.streams.get(task, False)
+
+    def abort_streams(self) -> int:
+        """Cancel every open stream handler; each ends its call with UNAVAILABLE."""
+        count = 0
+        for task in list(self.streams):
+            if not self.streams[task] and not task.done():
+                self.streams[task] = True
+                task.cancel()
+                count += 1
+        return count
+
+
+_current_tracker: contextvars.ContextVar[CallTracker | None] = contextvars.ContextVar(
+    "oma_current_server", default=None
+)
+
+
+def current_tracker() -> CallTracker | None:
+    return _current_tracker.get()
+
+
+def _bearer(metadata: Any) -> str | None:
+    for key, value in metadata or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return None
+
+
+def authorize(rule: auth.MethodRule, header: str | None, tokens: auth.TokenTable) -> str | None:
+    """The caller's role, or an `OmaError` saying exactly what is wrong."""
+    token: str | None = None
+    if header is not None:
+        scheme, _, rest = header.strip().partition(" ")
+        if scheme.lower() == "bearer" and rest.strip():
+            token = rest.strip()
+    if rule.request_authenticated:
+        # The request carries its own credential; a bearer token is optional context.
+        return tokens.role_of(token) if token is not None else None
+    accepted = rule.accepted()
+    if header is None:
+        raise OmaError(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "TOKEN_MISSING",
+            f"{rule.method} needs a bearer token: send metadata "
+            f"'authorization: Bearer <token>' with a token of a role it accepts ({accepted})",
+        )
+    if token is None:
+        raise OmaError(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "TOKEN_INVALID",
+            f"{rule.method}: the authorization metadata must read 'Bearer <token>'",
+        )
+    role = tokens.role_of(token)
+    if role is None:
+        raise OmaError(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "TOKEN_INVALID",
+            f"{rule.method}: the bearer token is not one this server knows; use a token "
+            f"of a role it accepts ({accepted}) from this server's token file",
+        )
+    if not rule.allows(role):
+        raise OmaError(
+            grpc.StatusCode.PERMISSION_DENIED,
+            "ROLE_FORBIDDEN",
+            f"role '{role}' may not call {rule.method}; roles accepted: {accepted}",
+        )
+    return role
+
+
+async def _abort(context: aio.ServicerContext[Any, Any], error: OmaError) -> None:
+    await context.abort(error.code, error.message, trailing_metadata=error.trailing_metadata())
+
+
+async def _abort_internal(context: aio.ServicerContext[Any, Any], method: str) -> None:
+    error_id = uuid.uuid4().hex[:16]
+    logger.exception("internal error %s in %s", error_id, method)
+    await _abort(
+        context,
+        OmaError(
+            grpc.StatusCode.INTERNAL,
+            "INTERNAL",
+            f"internal server error in {method} (error id {error_id}); the server log has "
+            "the details under that id",
+            {"error_id": error_id},
+        ),
+    )
+
+
+async def _abort_unimplemented(context: aio.ServicerContext[Any, Any], method: str) -> None:
+    await context.abort(
+        grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented by this server"
+    )
+
+
+Behavior = Callable[..., Any]
+
+
+class ServerInterceptor(aio.ServerInterceptor):
+    def __init__(self, tokens: auth.TokenTable, tracker: CallTracker) -> None:
+        self._tokens = tokens
+        self._tracker = tracker
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(EXEMPT_PREFIXES):
+            return handler
+        rule = auth.method_rule(method)
+        if handler.response_streaming:
+            if handler.request_streaming:
+                wrapped = self._stream_response(handler.stream_stream, rule)
+                return grpc.stream_stream_rpc_method_handler(
+                    wrapped, handler.request_deserializer, handler.response_serializer
+                )
+            wrapped = self._stream_response(handler.unary_stream, rule)
+            return grpc.unary_stream_rpc_method_handler(
+                wrapped, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.request_streaming:
+            wrapped = self._unary_response(handler.stream_unary, rule)
+            return grpc.stream_unary_rpc_method_handler(
+                wrapped, handler.request_deserializer, handler.response_serializer
+            )
+        wrapped = self._unary_response(handler.unary_unary, rule)
+        return grpc.unary_unary_rpc_method_handler(
+            wrapped, handler.request_deserializer, handler.response_serializer
+        )
+
+    def _enter(self, rule: auth.MethodRule, context: aio.ServicerContext[Any, Any]) -> None:
+        """Refuse the call while shutting down or when unauthorized; else set call context."""
+        metadata = context.invocation_metadata()
+        _current_tracker.set(self._tracker)
+        trace.set_current(trace.from_metadata(metadata) or trace.TraceContext.new())
+        if self._tracker.shutting_down.is_set():
+            raise shutting_down_error()
+        role = authorize(rule, _bearer(metadata), self._tokens)
+        auth._current_role.set(role)
+
+    def _unary_response(self, handler: Behavior | None, rule: auth.MethodRule) -> Behavior:
+        if handler is None:
+            raise RuntimeError(f"no handler behavior for {rule.method}")
+        behavior: Behavior = handler
+        tracker = self._tracker
+
+        async def handle(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+            # Each RPC runs in its own task with a copied context, so these contextvars
+            # are private to the call and need no reset.
+            tracker.unary_started()
+            try:
+                self._enter(rule, context)
+                result = behavior(request, context)
+                if inspect.isawaitable(result):
+                    result = await result
+                return result
+            except OmaError as error:
+                await _abort(context, error)
+            except NotImplementedError:
+                await _abort_unimplemented(context, rule.method)
+            except aio.AbortError:
+                raise
+            except Exception:
+                await _abort_internal(context, rule.method)
+            finally:
+                tracker.unary_finished()
+
+        return handle
+
+    def _stream_response(self, handler: Behavior | None, rule: auth.MethodRule) -> Behavior:
+        if handler is None:
+            raise RuntimeError(f"no handler behavior for {rule.method}")
+        behavior: Behavior = handler
+        tracker = self._tracker
+
+        async def handle(request: Any, context: aio.ServicerContext[Any, Any]) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            tracker.stream_started(task)
+            responses: Any = None
+            try:
+                self._enter(rule, context)
+                responses = behavior(request, context)
+                if hasattr(responses, "__aiter__"):
+                    async for response in responses:
+                        await context.write(response)
+                elif inspect.isawaitable(responses):
+                    await responses
+                elif responses is not None:
+                    for response in responses:
+                        await context.write(response)
+            except OmaError as error:
+                await _abort(context, error)
+            except NotImplementedError:
+                await _abort_unimplemented(context, rule.method)
+            except aio.AbortError:
+                raise
+            except asyncio.CancelledError:
+                if not tracker.aborted_for_shutdown(task):
+                    raise  # the client went away, or the server is being torn down
+                task.uncancel()
+                await _abort(context, shutting_down_error())
+            except Exception:
+                await _abort_internal(context, rule.method)
+            finally:
+                tracker.stream_finished(task)
+                aclose = getattr(responses, "aclose", None)
+                if aclose is not None:
+                    try:
+                        await aclose()
+                    except Exception:
+                        logger.debug("closing the response stream of %s failed", rule.method)
+
+        return handle
