@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from functools import partial
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import grpc

@@ -1,0 +1,99 @@
+"""`oma serve harness`: the stateless harness server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+DEFAULT_LISTEN = "127.0.0.1:50054"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from oma.runtime.cli import add_server_arguments
+
+    add_server_arguments(parser, default_listen=DEFAULT_LISTEN)
+    peers = parser.add_argument_group("peers")
+    peers.add_argument(
+        "--session", required=True, metavar="ADDRESS", help="address of the session service"
+    )
+    peers.add_argument(
+        "--sandbox", required=True, metavar="ADDRESS", help="address of the sandbox service"
+    )
+    peers.add_argument(
+        "--vault",
+        default="",
+        metavar="ADDRESS",
+        help="address of the vault (needed only by sessions that use credentials)",
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model-base-url",
+        default=os.environ.get("OMA_MODEL_BASE_URL", ""),
+        metavar="URL",
+        help="Messages API base URL, e.g. a scripted `oma model-server` "
+        "(default $OMA_MODEL_BASE_URL, else the real API with ANTHROPIC_API_KEY)",
+    )
+    model.add_argument(
+        "--max-model-retries",
+        type=int,
+        default=3,
+        metavar="N",
+        help="retries of a failing model request before the session idles "
+        "with retries_exhausted (default 3)",
+    )
+    model.add_argument(
+        "--lease-ttl-seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="session lease lifetime; renewed every third of it (default 30)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from oma.runtime.cli import announce, server_options_from_args
+    from oma.runtime.server import run_until_signal
+    from oma.servers.harness.app import HarnessConfig, start_harness
+    from oma.servers.harness.driver import DriverConfig
+    from oma.servers.harness.loop import LoopConfig
+
+    logging.basicConfig(
+        level=os.environ.get("OMA_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.max_model_retries < 0:
+        raise SystemExit("--max-model-retries must be >= 0")
+    if args.lease_ttl_seconds <= 0:
+        raise SystemExit("--lease-ttl-seconds must be > 0")
+    options = server_options_from_args(args)
+    config = HarnessConfig(
+        session_address=args.session,
+        sandbox_address=args.sandbox,
+        vault_address=args.vault,
+        token=options.tokens.token_for("harness"),
+        model_base_url=args.model_base_url,
+        driver=DriverConfig(
+            lease_ttl_seconds=args.lease_ttl_seconds,
+            loop=LoopConfig(max_model_retries=args.max_model_retries),
+        ),
+    )
+
+    async def main() -> int:
+        try:
+            harness = await start_harness(config, options)
+        except OSError as exc:
+            print(f"oma harness: {exc}")
+            return 1
+        announce("harness", harness.server)
+        try:
+            await run_until_signal(harness.server)
+        finally:
+            await harness.driver.close()
+            for channel in harness.channels:
+                await channel.close(None)
+        return 0
+
+    return asyncio.run(main())
