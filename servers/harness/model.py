@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -36,18 +36,17 @@ class ModelReply:
     message_id: str = ""
 
 
-@dataclass(frozen=True)
 class ModelFailure(Exception):
     """A model call that failed; `retryable` says whether the same request may succeed later."""
 
-    error_type: str
-    message: str
-    retryable: bool
-    status_code: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return f"{self.error_type}: {self.message}"
+    def __init__(
+        self, error_type: str, message: str, retryable: bool, status_code: int = 0
+    ) -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+        self.message = message
+        self.retryable = retryable
+        self.status_code = status_code
 
 
 # Statuses the real API uses for transient trouble (timeouts, conflicts, rate limits,
