@@ -72,7 +72,7 @@ def test_has_work_after_idle_only_with_new_user_input() -> None:
     )
     assert not conversation.has_work(done)
     assert conversation.has_work(
-        done + [LogEvent(seq=99, id="u", type=ev.USER_MESSAGE, text="more")]
+        [*done, LogEvent(seq=99, id="u", type=ev.USER_MESSAGE, text="more")]
     )
     # A harness died mid-turn: the turn resumes.
     crashed = _log((ev.USER_MESSAGE, {"text": "a"}), (ev.STATUS_RUNNING, {}), (ev.SPAN_START, {}))
@@ -98,7 +98,8 @@ def test_budgets() -> None:
         conversation.budget_reached(Definition("m", max_output_tokens_per_turn=40), log)
         == "max_output_tokens_per_turn"
     )
-    idle = log + [
+    idle = [
+        *log,
         LogEvent(seq=50, id="i", type=ev.STATUS_IDLE, stop_reason=ev.STOP_END_TURN),
         LogEvent(seq=51, id="u", type=ev.USER_MESSAGE, text="b"),
     ]
