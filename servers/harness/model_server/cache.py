@@ -6,7 +6,8 @@ block, serialised as canonical JSON (sorted keys, compact). Estimates are stable
 and grow with the prompt, which is all tests and benchmarks need.
 
 The prompt is the sequence tools → system → messages, the order in which the real API caches.
-The cacheable prefix ends at the last unit that carries `cache_control`. For each request the
+The cacheable prefix ends at the last unit that carries `cache_control` (or at the end of the
+prompt when the request has a top-level `cache_control`, the API's automatic caching). For each request the
 simulation reports
 
 * `cache_read_input_tokens`: the longest prefix of the cacheable prefix that an earlier request
@@ -103,6 +104,9 @@ class PromptCache:
         """Usage for this request, recording its cacheable prefix for later requests."""
         units = prompt_units(body)
         last_breakpoint = max((i for i, u in enumerate(units) if u.breakpoint), default=-1)
+        if body.get("cache_control"):
+            # Automatic caching: a top-level `cache_control` marks the end of the prompt.
+            last_breakpoint = len(units) - 1
         cacheable = units[: last_breakpoint + 1]
         hashes: list[str] = []
         running = hashlib.sha256()

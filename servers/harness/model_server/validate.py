@@ -116,7 +116,8 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
 
 
 def _count_cache_control(body: Mapping[str, Any]) -> int:
-    count = sum(1 for tool in body.get("tools") or [] if tool.get("cache_control"))
+    count = 1 if body.get("cache_control") else 0
+    count += sum(1 for tool in body.get("tools") or [] if tool.get("cache_control"))
     system = body.get("system")
     if isinstance(system, list):
         count += sum(1 for block in system if block.get("cache_control"))
