@@ -23,7 +23,7 @@ async def test_json_turn(client: anthropic.AsyncAnthropic) -> None:
     assert message.role == "assistant"
     assert message.model == MODEL
     assert [b.type for b in message.content] == ["text"]
-    assert message.content[0].text == "Hello! How can I help?"  # type: ignore[union-attr]
+    assert message.content[0].text == "Hello! How can I help?"
     assert message.stop_reason == "end_turn"
     assert message.usage.input_tokens > 0
     assert message.usage.output_tokens > 0
@@ -36,7 +36,7 @@ async def test_streaming_turn_via_sdk(client: anthropic.AsyncAnthropic) -> None:
             deltas.append(text)
         final = await stream.get_final_message()
     assert "".join(deltas) == "Hello! How can I help?"
-    assert final.content[0].text == "Hello! How can I help?"  # type: ignore[union-attr]
+    assert final.content[0].text == "Hello! How can I help?"
     assert final.stop_reason == "end_turn"
     assert final.usage.output_tokens > 1
 
@@ -123,7 +123,7 @@ async def test_tool_use_round_trip(
             max_tokens=1000,
             system=system,
             tools=TOOLS,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
         ) as stream:
             final = await stream.get_final_message()
         # The assistant message goes back exactly as the SDK parsed it.
@@ -133,7 +133,7 @@ async def test_tool_use_round_trip(
         results = []
         for block in final.content:
             if block.type == "tool_use":
-                calls.append((block.name, dict(block.input)))  # type: ignore[call-overload]
+                calls.append((block.name, dict(block.input)))
                 results.append({"type": "tool_result", "tool_use_id": block.id, "content": "ok"})
         messages.append({"role": "user", "content": results})
     assert calls == [
@@ -142,7 +142,7 @@ async def test_tool_use_round_trip(
         ("bash", {"command": "python3 a.py"}),
     ]
     assert final.stop_reason == "end_turn"
-    assert final.content[0].text == "It printed 1."  # type: ignore[union-attr]
+    assert final.content[0].text == "It printed 1."
     assert model_server.rejections() == []
     assert [(s["script"], s["turn"]) for s in model_server.served()] == [
         ("tools", 0),
@@ -175,11 +175,11 @@ async def test_turn_follows_the_number_of_assistant_messages(
     client: anthropic.AsyncAnthropic,
 ) -> None:
     history = [user("hi"), {"role": "assistant", "content": "Hello! How can I help?"}, user("bye")]
-    second = await client.messages.create(model=MODEL, max_tokens=100, messages=history)  # type: ignore[arg-type]
-    assert second.content[0].text == "Goodbye."  # type: ignore[union-attr]
+    second = await client.messages.create(model=MODEL, max_tokens=100, messages=history)
+    assert second.content[0].text == "Goodbye."
     assert second.usage.output_tokens == 7  # scripted usage override
     first = await client.messages.create(model=MODEL, max_tokens=100, messages=[user("hi")])
-    assert first.content[0].text == "Hello! How can I help?"  # type: ignore[union-attr]
+    assert first.content[0].text == "Hello! How can I help?"
 
 
 async def test_script_selection(client: anthropic.AsyncAnthropic) -> None:
@@ -197,7 +197,7 @@ async def test_script_selection(client: anthropic.AsyncAnthropic) -> None:
     by_default = await client.messages.create(
         model=MODEL, max_tokens=10, metadata={"user_id": "nobody"}, messages=[user("a")]
     )
-    assert by_default.content[0].text == "Hello! How can I help?"  # type: ignore[union-attr]
+    assert by_default.content[0].text == "Hello! How can I help?"
 
 
 async def test_injected_overload_then_success(client: anthropic.AsyncAnthropic) -> None:
@@ -211,9 +211,9 @@ async def test_injected_overload_then_success(client: anthropic.AsyncAnthropic) 
         with pytest.raises(anthropic.APIStatusError) as caught:
             await client.messages.create(**kwargs)
         assert caught.value.status_code == 529
-        assert caught.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+        assert caught.value.body["error"]["type"] == "overloaded_error"
     message = await client.messages.create(**kwargs)
-    assert message.content[0].text == "Served at last."  # type: ignore[union-attr]
+    assert message.content[0].text == "Served at last."
     # Another conversation has its own failure budget.
     with pytest.raises(anthropic.APIStatusError):
         await client.messages.create(**{**kwargs, "messages": [user("b")]})
@@ -235,7 +235,7 @@ async def test_sdk_retries_through_injected_failures(model_server: AsyncModelSer
         message = await retrying.messages.create(
             model=MODEL, max_tokens=10, system="[script:flaky]", messages=[user("retry me")]
         )
-    assert message.content[0].text == "Served at last."  # type: ignore[union-attr]
+    assert message.content[0].text == "Served at last."
 
 
 async def test_server_ttft_is_applied() -> None:
@@ -273,7 +273,7 @@ async def test_count_tokens(client: anthropic.AsyncAnthropic) -> None:
     longer = await client.messages.count_tokens(
         model=MODEL,
         messages=[user("hi " * 200)],
-        tools=TOOLS,  # type: ignore[arg-type]
+        tools=TOOLS,
     )
     assert 0 < short.input_tokens < longer.input_tokens
 
@@ -284,5 +284,5 @@ async def test_threaded_server_serves_sync_clients() -> None:
     with start_model_server_in_thread(SCRIPTS) as server:
         sync_client = anthropic.Anthropic(base_url=server.base_url, api_key="k", max_retries=0)
         message = sync_client.messages.create(model=MODEL, max_tokens=10, messages=[user("hi")])
-        assert message.content[0].text == "Hello! How can I help?"  # type: ignore[union-attr]
+        assert message.content[0].text == "Hello! How can I help?"
         sync_client.close()

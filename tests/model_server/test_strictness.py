@@ -202,7 +202,7 @@ async def test_configured_key_and_models_are_enforced() -> None:
                 await good.messages.create(
                     model="claude-unknown", max_tokens=10, messages=[user("a")]
                 )
-            assert caught.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+            assert caught.value.body["error"]["type"] == "not_found_error"
             ok = await good.messages.create(**BASE, messages=[user("a")])
             assert ok.content
     finally:
@@ -214,7 +214,7 @@ async def test_script_exhausted_and_undeclared_tool_are_reported(
 ) -> None:
     history = [user("a"), assistant("b"), user("c"), assistant("d"), user("e")]
     with pytest.raises(anthropic.BadRequestError) as caught:
-        await client.messages.create(**BASE, messages=history)  # type: ignore[arg-type]
+        await client.messages.create(**BASE, messages=history)
     assert "has 2 turns but the request asks for turn 3" in caught.value.message
     with pytest.raises(anthropic.BadRequestError) as caught:
         await client.messages.create(**BASE, system="[script:tools]", messages=[user("a")])
@@ -243,7 +243,7 @@ async def test_valid_full_featured_request_is_accepted(
         model=MODEL,
         max_tokens=100,
         system=[cached("You are helpful.")],
-        tools=[*TOOLS[:1], {**TOOLS[1], "cache_control": {"type": "ephemeral"}}],  # type: ignore[list-item]
+        tools=[*TOOLS[:1], {**TOOLS[1], "cache_control": {"type": "ephemeral"}}],
         tool_choice={"type": "auto"},
         metadata={"user_id": "chat:42"},
         stop_sequences=["STOP"],
@@ -253,5 +253,5 @@ async def test_valid_full_featured_request_is_accepted(
             user([tool_result("toolu_a"), cached("and now?")]),
         ],
     )
-    assert message.content[0].text == "Goodbye."  # type: ignore[union-attr]
+    assert message.content[0].text == "Goodbye."
     assert model_server.rejections() == []

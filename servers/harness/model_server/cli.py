@@ -57,12 +57,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import signal
 
     import uvicorn
 
     from oma.servers.harness.model_server import DEMO_SCRIPT
     from oma.servers.harness.model_server.app import ServerState, build_app
     from oma.servers.harness.model_server.script import ScriptError, as_book
+    from oma.servers.harness.model_server.server import QuietServer
     from oma.servers.harness.model_server.ttft import Ttft
     from oma.servers.harness.model_server.validate import warm_up
 
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     models = frozenset(args.model) if args.model else None
     state = ServerState(book, ttft, args.api_key, models, args.delta_delay_ms)
     warm_up()
-    server = uvicorn.Server(
+    server = QuietServer(
         uvicorn.Config(
             build_app(state),
             host=host,
@@ -94,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
     )
 
     async def serve() -> None:
+        # SIGTERM/SIGINT finish in-flight replies, then exit 0 (uvicorn's own handlers would
+        # re-raise the signal and end the process with -15).
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, setattr, server, "should_exit", True)
         task = asyncio.create_task(server.serve())
         # uvicorn offers no startup event to await, only the `started` flag.
         while True:

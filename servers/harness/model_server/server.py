@@ -17,8 +17,10 @@ from oma.servers.harness.model_server.ttft import Ttft
 from oma.servers.harness.model_server.validate import warm_up
 
 
-class _QuietServer(uvicorn.Server):
-    # The host process (a test, `oma demo`) owns SIGINT/SIGTERM, not this embedded server.
+class QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves SIGINT/SIGTERM to the host process (a test, `oma demo`,
+    or a CLI that sets `should_exit` itself)."""
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
@@ -40,7 +42,7 @@ def _make_state(
     return ServerState(as_book(scripts), ttft, api_key, models, delta_delay_ms)
 
 
-def _server(state: ServerState, host: str, port: int) -> _QuietServer:
+def _server(state: ServerState, host: str, port: int) -> QuietServer:
     config = uvicorn.Config(
         build_app(state),
         host=host,
@@ -49,7 +51,7 @@ def _server(state: ServerState, host: str, port: int) -> _QuietServer:
         lifespan="off",
         access_log=False,
     )
-    return _QuietServer(config)
+    return QuietServer(config)
 
 
 def _bound_port(server: uvicorn.Server) -> int:
@@ -59,7 +61,7 @@ def _bound_port(server: uvicorn.Server) -> int:
 class ModelServer:
     """A running scripted model server; `base_url` goes to `AsyncAnthropic(base_url=...)`."""
 
-    def __init__(self, state: ServerState, server: _QuietServer, host: str) -> None:
+    def __init__(self, state: ServerState, server: QuietServer, host: str) -> None:
         self.state = state
         self._server = server
         self.host = host
@@ -84,7 +86,7 @@ class AsyncModelServer(ModelServer):
     """Served by a task in the event loop that started it."""
 
     def __init__(
-        self, state: ServerState, server: _QuietServer, host: str, task: asyncio.Task[None]
+        self, state: ServerState, server: QuietServer, host: str, task: asyncio.Task[None]
     ) -> None:
         super().__init__(state, server, host)
         self._task = task
@@ -104,7 +106,7 @@ class ThreadedModelServer(ModelServer):
     """Served by its own event loop in a daemon thread; for synchronous callers."""
 
     def __init__(
-        self, state: ServerState, server: _QuietServer, host: str, thread: threading.Thread
+        self, state: ServerState, server: QuietServer, host: str, thread: threading.Thread
     ) -> None:
         super().__init__(state, server, host)
         self._thread = thread
