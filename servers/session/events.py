@@ -1,0 +1,321 @@
+"""Rules about events that need no storage: type names, who may write what, batch checks.
+
+An event's dotted type follows from its payload field (`user_message` → `user.message`), so
+the two can never disagree ([SESSION-EVENT-001]).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from oma.servers.session.errors import InvalidArgument
+from oma.session.v1 import definition_pb2, events_pb2
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
+
+BUILTIN_TOOLS = frozenset({"bash", "read", "write", "edit", "glob", "grep"})
+
+
+def type_of_field(field_name: str) -> str:
+    """`span_model_request_end` → `span.model_request_end`."""
+    return field_name.replace("_", ".", 1)
+
+
+PAYLOAD_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in events_pb2.Event.DESCRIPTOR.oneofs_by_name["payload"].fields
+)
+ALL_TYPES: frozenset[str] = frozenset(type_of_field(f) for f in PAYLOAD_FIELDS)
+SERVER_TYPES = frozenset({"session.created"})
+CLIENT_TYPES = frozenset(t for t in ALL_TYPES if t.startswith("user."))
+HARNESS_TYPES = ALL_TYPES - CLIENT_TYPES - SERVER_TYPES
+TOOL_USE_TYPES = frozenset(
+    {
+        "agent.tool_use",
+        "agent.tool_result",
+        "agent.mcp_tool_use",
+        "agent.mcp_tool_result",
+        "agent.custom_tool_use",
+        "user.tool_confirmation",
+        "user.custom_tool_result",
+    }
+)
+_JSON_INPUT_FIELDS = {
+    "agent_tool_use": "input_json",
+    "agent_mcp_tool_use": "input_json",
+    "agent_custom_tool_use": "input_json",
+}
+
+# Status codes as stored in the sessions table; equal to oma.session.v1.SessionStatus values.
+STATUS_RUNNING = 1
+STATUS_IDLE = 2
+STATUS_RESCHEDULING = 3
+STATUS_TERMINATED = 4
+STATUS_OF_TYPE = {
+    "session.status_running": STATUS_RUNNING,
+    "session.status_idle": STATUS_IDLE,
+    "session.status_rescheduled": STATUS_RESCHEDULING,
+    "session.status_terminated": STATUS_TERMINATED,
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Numeric limits, advertised through GetCapabilities under `session.*` names."""
+
+    max_event_bytes: int = 1 << 20
+    max_batch_events: int = 1000
+    max_batch_bytes: int = 3 << 20
+    max_lease_ttl_ms: int = 10 * 60 * 1000
+    max_preview_bytes: int = 4096
+
+    def as_capabilities(self) -> dict[str, int]:
+        return {f"session.{name}": value for name, value in self.__dict__.items()}
+
+
+@dataclass
+class PreparedEvent:
+    """One validated event of a batch (the proto is completed with seq/time when stored)."""
+
+    event: events_pb2.Event
+    type: str
+
+
+@dataclass
+class PreparedBatch:
+    events: list[PreparedEvent]
+    ids: list[str]
+    needs_lease: bool
+
+
+def check_id(value: str, field: str, reason: str = "INVALID_FIELD") -> None:
+    if not ID_PATTERN.match(value):
+        raise InvalidArgument(
+            reason,
+            f"{field} must be 1-128 characters of [A-Za-z0-9._-], got {value[:140]!r}",
+            field=field,
+        )
+
+
+def prepare_batch(
+    events: Sequence[events_pb2.Event], *, may_write_harness_events: bool, limits: Limits
+) -> PreparedBatch:
+    """Validate a batch before any storage is touched ([SESSION-APPEND-001]) and derive each
+    event's type. Raises InvalidArgument; nothing is stored by this function."""
+    if not events:
+        raise InvalidArgument("INVALID_FIELD", "events is empty: send 1 or more", field="events")
+    if len(events) > limits.max_batch_events:
+        raise InvalidArgument(
+            "BATCH_TOO_LARGE",
+            f"the batch holds {len(events)} events; the limit (session.max_batch_events) is "
+            f"{limits.max_batch_events}: split it",
+            field="events",
+            limit=str(limits.max_batch_events),
+        )
+    prepared: list[PreparedEvent] = []
+    ids: list[str] = []
+    seen: set[str] = set()
+    total = 0
+    needs_lease = False
+    for index, event in enumerate(events):
+        where = f"events[{index}]"
+        check_id(event.id, f"{where}.id", "INVALID_EVENT_ID")
+        if event.id in seen:
+            raise InvalidArgument(
+                "INVALID_FIELD",
+                f"{where}.id {event.id!r} appears twice in the batch; ids are unique per session",
+                field=f"{where}.id",
+            )
+        seen.add(event.id)
+        size = event.ByteSize()
+        if size > limits.max_event_bytes:
+            raise InvalidArgument(
+                "EVENT_TOO_LARGE",
+                f"{where} is {size} bytes; the limit (session.max_event_bytes) is "
+                f"{limits.max_event_bytes}",
+                field=where,
+                limit=str(limits.max_event_bytes),
+            )
+        total += size
+        field = event.WhichOneof("payload")
+        if field is None:
+            raise InvalidArgument(
+                "INVALID_EVENT", f"{where} has no payload: set exactly one", field=where
+            )
+        event_type = type_of_field(field)
+        if event_type in SERVER_TYPES:
+            raise InvalidArgument(
+                "INVALID_EVENT",
+                f"{where} is {event_type}, which only CreateSession writes",
+                field=where,
+            )
+        if event_type in HARNESS_TYPES:
+            if not may_write_harness_events:
+                raise InvalidArgument(
+                    "INVALID_EVENT",
+                    f"{where} is {event_type}, a harness event; a client may append only user.* "
+                    "events",
+                    field=where,
+                )
+            needs_lease = True
+        _check_payload(event, field, event_type, where)
+        # Output-only fields are the server's: clear what a writer may have sent.
+        event.seq = 0
+        event.ClearField("create_time")
+        event.type = event_type
+        prepared.append(PreparedEvent(event, event_type))
+        ids.append(event.id)
+    if total > limits.max_batch_bytes:
+        raise InvalidArgument(
+            "BATCH_TOO_LARGE",
+            f"the batch is {total} bytes; the limit (session.max_batch_bytes) is "
+            f"{limits.max_batch_bytes}: split it",
+            field="events",
+            limit=str(limits.max_batch_bytes),
+        )
+    return PreparedBatch(prepared, ids, needs_lease)
+
+
+def _check_payload(event: events_pb2.Event, field: str, event_type: str, where: str) -> None:
+    if event_type in TOOL_USE_TYPES:
+        if not event.tool_use_id:
+            raise InvalidArgument(
+                "INVALID_EVENT",
+                f"{where} is {event_type} and needs tool_use_id (the model's tool use id)",
+                field=f"{where}.tool_use_id",
+            )
+    elif event.tool_use_id:
+        raise InvalidArgument(
+            "INVALID_EVENT",
+            f"{where} is {event_type}, which carries no tool_use_id; leave it empty",
+            field=f"{where}.tool_use_id",
+        )
+    if len(event.tool_use_id) > 256 or len(event.turn_id) > 256:
+        raise InvalidArgument(
+            "INVALID_EVENT",
+            f"{where}: turn_id and tool_use_id are at most 256 characters",
+            field=where,
+        )
+    payload = getattr(event, field)
+    if field in _JSON_INPUT_FIELDS:
+        text = getattr(payload, _JSON_INPUT_FIELDS[field])
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise InvalidArgument(
+                "INVALID_EVENT",
+                f"{where}.{field}.input_json is not JSON: {exc}",
+                field=f"{where}.{field}.input_json",
+            ) from None
+        if not isinstance(value, dict):
+            raise InvalidArgument(
+                "INVALID_EVENT",
+                f"{where}.{field}.input_json must be a JSON object",
+                field=f"{where}.{field}.input_json",
+            )
+    if field == "session_status_idle" and payload.stop_reason == 0:
+        raise InvalidArgument(
+            "INVALID_EVENT",
+            f"{where}.session_status_idle.stop_reason must be set",
+            field=f"{where}.session_status_idle.stop_reason",
+        )
+    if field == "user_tool_confirmation" and payload.result == 0:
+        raise InvalidArgument(
+            "INVALID_EVENT",
+            f"{where}.user_tool_confirmation.result must be ALLOW or DENY",
+            field=f"{where}.user_tool_confirmation.result",
+        )
+    if field in ("user_message", "agent_message") and not payload.content:
+        raise InvalidArgument(
+            "INVALID_EVENT",
+            f"{where}.{field}.content needs at least one block",
+            field=f"{where}.{field}.content",
+        )
+
+
+def check_definition(definition: definition_pb2.SessionDefinition) -> None:
+    """What CreateSession can check alone. Raises InvalidArgument naming the field."""
+    prefix = "definition"
+    if not definition.model.strip():
+        raise InvalidArgument(
+            "INVALID_FIELD",
+            "definition.model is required, e.g. claude-sonnet-4-5",
+            field=f"{prefix}.model",
+        )
+    names: set[str] = set()
+    for i, tool in enumerate(definition.tools):
+        if tool.name not in BUILTIN_TOOLS:
+            raise InvalidArgument(
+                "INVALID_FIELD",
+                f"definition.tools[{i}].name {tool.name!r} is not a built-in tool; use one of "
+                f"{', '.join(sorted(BUILTIN_TOOLS))} (or declare it under custom_tools)",
+                field=f"{prefix}.tools[{i}].name",
+            )
+        _unique(names, tool.name, f"{prefix}.tools[{i}].name")
+    for i, custom in enumerate(definition.custom_tools):
+        where = f"{prefix}.custom_tools[{i}]"
+        if not _TOOL_NAME.match(custom.name):
+            raise InvalidArgument(
+                "INVALID_FIELD",
+                f"{where}.name must be 1-64 characters of [A-Za-z0-9_-]",
+                field=f"{where}.name",
+            )
+        _unique(names, custom.name, f"{where}.name")
+        if custom.input_schema_json:
+            try:
+                schema = json.loads(custom.input_schema_json)
+            except ValueError as exc:
+                raise InvalidArgument(
+                    "INVALID_FIELD",
+                    f"{where}.input_schema_json is not JSON: {exc}",
+                    field=f"{where}.input_schema_json",
+                ) from None
+            if not isinstance(schema, dict):
+                raise InvalidArgument(
+                    "INVALID_FIELD",
+                    f"{where}.input_schema_json must be a JSON object",
+                    field=f"{where}.input_schema_json",
+                )
+    servers: set[str] = set()
+    for i, server in enumerate(definition.mcp_servers):
+        where = f"{prefix}.mcp_servers[{i}]"
+        if not server.name:
+            raise InvalidArgument(
+                "INVALID_FIELD", f"{where}.name is required", field=f"{where}.name"
+            )
+        _unique(servers, server.name, f"{where}.name")
+        if not server.url.startswith(("http://", "https://")):
+            raise InvalidArgument(
+                "INVALID_FIELD", f"{where}.url must be an http(s) URL", field=f"{where}.url"
+            )
+    for i, repo in enumerate(definition.environment.repositories):
+        if not repo.url:
+            raise InvalidArgument(
+                "INVALID_FIELD",
+                f"{prefix}.environment.repositories[{i}].url is required",
+                field=f"{prefix}.environment.repositories[{i}].url",
+            )
+    for i, file in enumerate(definition.environment.files):
+        if not file.path:
+            raise InvalidArgument(
+                "INVALID_FIELD",
+                f"{prefix}.environment.files[{i}].path is required",
+                field=f"{prefix}.environment.files[{i}].path",
+            )
+    for key, value in definition.labels.items():
+        if not key or len(key) > 256 or len(value) > 256:
+            raise InvalidArgument(
+                "INVALID_FIELD",
+                f"definition.labels[{key[:40]!r}]: keys (non-empty) and values are at most 256 "
+                "characters",
+                field=f"{prefix}.labels",
+            )
+
+
+def _unique(seen: set[str], name: str, field: str) -> None:
+    if name in seen:
+        raise InvalidArgument("INVALID_FIELD", f"{field} {name!r} is declared twice", field=field)
+    seen.add(name)

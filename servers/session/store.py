@@ -1,0 +1,683 @@
+"""The session store: the domain core of the session service (no gRPC here).
+
+Every write is one database transaction. Seqs are allocated under the session row's lock
+(PostgreSQL `SELECT ... FOR UPDATE`; SQLite: one writer at a time per process plus
+`BEGIN IMMEDIATE` across processes), and `last_seq` is updated in the same transaction as the
+inserted events, so a failed transaction leaves no gap and concurrent writers cannot
+interleave. After each commit the store tells its listeners (the hub) what changed; on
+PostgreSQL it also sends `NOTIFY` inside the transaction, so other servers sharing the
+database hear about the change exactly when it becomes visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import and_, bindparam, func, or_, select, text, update
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from oma.servers.session import events as ev
+from oma.servers.session.database import Database
+from oma.servers.session.errors import (
+    InvalidPageToken,
+    LeaseHeld,
+    LeaseLost,
+    MixedBatch,
+    NoSessionPending,
+    RequestIdReused,
+    SequenceMismatch,
+    SessionNotFound,
+    SessionTerminated,
+)
+from oma.servers.session.schema import events, session_labels, sessions
+from oma.session.v1 import definition_pb2, events_pb2
+
+NOTIFY_CHANNEL = "oma_session"
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def new_session_id() -> str:
+    """`ses_` + a ULID (48-bit milliseconds + 80 random bits, Crockford base32): time-ordered."""
+    value = ((time.time_ns() // 1_000_000) << 80) | secrets.randbits(80)
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "ses_" + "".join(reversed(chars))
+
+
+def format_time_us(us: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us / 1e6)) + f".{us % 1_000_000:06d}Z"
+
+
+@dataclass
+class SessionState:
+    """A session row: what the servicer reports and what decides pending-ness."""
+
+    pk: int
+    id: str
+    definition: bytes
+    status: int
+    stop_reason: int
+    last_seq: int
+    last_user_seq: int
+    last_idle_seq: int
+    create_time_us: int
+    update_time_us: int
+    lease_holder: str | None
+    fencing_token: int
+    lease_expire_us: int | None
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> SessionState:
+        m = row._mapping
+        return cls(
+            pk=m["pk"],
+            id=m["id"],
+            definition=m["definition"],
+            status=m["status"],
+            stop_reason=m["stop_reason"],
+            last_seq=m["last_seq"],
+            last_user_seq=m["last_user_seq"],
+            last_idle_seq=m["last_idle_seq"],
+            create_time_us=m["create_time_us"],
+            update_time_us=m["update_time_us"],
+            lease_holder=m["lease_holder"],
+            fencing_token=m["fencing_token"],
+            lease_expire_us=m["lease_expire_us"],
+        )
+
+    def lease_live(self, at_us: int) -> bool:
+        return self.lease_holder is not None and (self.lease_expire_us or 0) > at_us
+
+    def needs_harness(self, at_us: int) -> bool:
+        """Not terminated, no live lease, and unprocessed input or an abandoned turn."""
+        if self.status == ev.STATUS_TERMINATED or self.lease_live(at_us):
+            return False
+        return self.last_user_seq > self.last_idle_seq or self.status in (
+            ev.STATUS_RUNNING,
+            ev.STATUS_RESCHEDULING,
+        )
+
+
+@dataclass
+class LeaseGrant:
+    session_id: str
+    holder_id: str
+    fencing_token: int
+    expire_us: int
+
+
+@dataclass
+class AppendResult:
+    seqs: list[int]
+    last_seq: int
+    replayed: bool
+    stored: list[events_pb2.Event] = field(default_factory=list)
+
+
+@dataclass
+class Change:
+    """What a committed write changed, for the hub. `events` holds the stored events of an
+    append (in seq order); `state` is the session row after the write."""
+
+    session_id: str
+    state: SessionState
+    events: list[events_pb2.Event] = field(default_factory=list)
+    lease_changed: bool = False
+
+
+Listener = Callable[[Change], None]
+
+_PENDING_CONDITION = and_(
+    sessions.c.status != ev.STATUS_TERMINATED,
+    or_(
+        sessions.c.last_user_seq > sessions.c.last_idle_seq,
+        sessions.c.status.in_([ev.STATUS_RUNNING, ev.STATUS_RESCHEDULING]),
+    ),
+)
+
+
+def _lease_free(at_us: int) -> Any:
+    return or_(sessions.c.lease_holder.is_(None), sessions.c.lease_expire_us <= at_us)
+
+
+class SessionStore:
+    """Sessions, their logs and leases on one database."""
+
+    def __init__(self, db: Database, limits: ev.Limits | None = None) -> None:
+        self.db = db
+        self.limits = limits or ev.Limits()
+        self.origin = secrets.token_hex(6)  # tells this process's NOTIFYs from others'
+        self._write_lock = asyncio.Lock()
+        self._listeners: list[Listener] = []
+        self._pk_cache: dict[str, int] = {}
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    @contextlib.asynccontextmanager
+    async def _write(self) -> AsyncIterator[tuple[AsyncConnection, list[Change]]]:
+        """One write transaction. Changes queued in the list are published after commit;
+        on SQLite still under the writer lock, so listeners see commits in order."""
+        changes: list[Change] = []
+        if self.db.is_sqlite:
+            async with self._write_lock:
+                async with self.db.write_engine.begin() as conn:
+                    yield conn, changes
+                self._publish(changes)
+        else:
+            async with self.db.write_engine.begin() as conn:
+                yield conn, changes
+                for change in changes:
+                    await self._notify(conn, change)
+            self._publish(changes)
+
+    def _publish(self, changes: list[Change]) -> None:
+        for change in changes:
+            for listener in self._listeners:
+                listener(change)
+
+    async def _notify(self, conn: AsyncConnection, change: Change) -> None:
+        if change.events:
+            payload = (
+                f"{self.origin} a {change.session_id} {change.events[0].seq} "
+                f"{change.events[-1].seq}"
+            )
+        else:
+            payload = f"{self.origin} l {change.session_id} 0 {change.state.last_seq}"
+        await conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": NOTIFY_CHANNEL, "p": payload})
+
+    async def notify_preview(self, preview: events_pb2.Event | Any) -> None:
+        """Broadcast a serialized preview to the other servers on PostgreSQL (no-op on SQLite)."""
+        if self.db.is_sqlite:
+            return
+        blob = base64.b64encode(preview.SerializeToString()).decode()
+        async with self.db.write_engine.connect() as conn:
+            await conn.execute(
+                text("SELECT pg_notify(:c, :p)"),
+                {"c": NOTIFY_CHANNEL, "p": f"{self.origin} p - 0 0 {blob}"},
+            )
+            await conn.commit()
+
+    async def _lock_session(self, conn: AsyncConnection, session_id: str) -> SessionState:
+        row = (
+            await conn.execute(
+                select(sessions).where(sessions.c.id == session_id).with_for_update()
+            )
+        ).first()
+        if row is None:
+            raise SessionNotFound(session_id)
+        return SessionState.from_row(row)
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    async def create_session(
+        self, definition: definition_pb2.SessionDefinition, request_id: str
+    ) -> tuple[SessionState, bool]:
+        """Create a session (or return the one `request_id` created). Returns (state, created)."""
+        blob = definition.SerializeToString(deterministic=True)
+        digest = hashlib.sha256(blob).digest()
+        for attempt in range(2):
+            try:
+                return await self._create(definition, blob, digest, request_id)
+            except IntegrityError:
+                # A concurrent create with the same request_id won the race; read its result.
+                if attempt or not request_id:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _create(
+        self,
+        definition: definition_pb2.SessionDefinition,
+        blob: bytes,
+        digest: bytes,
+        request_id: str,
+    ) -> tuple[SessionState, bool]:
+        async with self._write() as (conn, changes):
+            if request_id:
+                row = (
+                    await conn.execute(select(sessions).where(sessions.c.request_id == request_id))
+                ).first()
+                if row is not None:
+                    state = SessionState.from_row(row)
+                    if row._mapping["definition_digest"] != digest:
+                        raise RequestIdReused(request_id, state.id)
+                    return state, False
+            now = now_us()
+            session_id = new_session_id()
+            values = dict(
+                id=session_id,
+                request_id=request_id or None,
+                definition_digest=digest,
+                definition=blob,
+                status=ev.STATUS_IDLE,
+                stop_reason=0,
+                last_seq=1,
+                last_user_seq=0,
+                last_idle_seq=0,
+                create_time_us=now,
+                update_time_us=now,
+                lease_holder=None,
+                fencing_token=0,
+                lease_expire_us=None,
+            )
+            pk = (
+                await conn.execute(sessions.insert().values(**values).returning(sessions.c.pk))
+            ).scalar_one()
+            if definition.labels:
+                await conn.execute(
+                    session_labels.insert(),
+                    [
+                        {"session_pk": pk, "key": k, "value": v}
+                        for k, v in definition.labels.items()
+                    ],
+                )
+            first = events_pb2.Event(
+                id="session.created",
+                seq=1,
+                type="session.created",
+                session_created=events_pb2.SessionCreated(definition=definition),
+            )
+            first.create_time.FromMicroseconds(now)
+            await conn.execute(
+                events.insert(),
+                [
+                    {
+                        "session_pk": pk,
+                        "seq": 1,
+                        "event_id": first.id,
+                        "type": first.type,
+                        "body": first.SerializeToString(),
+                    }
+                ],
+            )
+            state = SessionState(
+                pk=pk,
+                id=session_id,
+                definition=blob,
+                status=ev.STATUS_IDLE,
+                stop_reason=0,
+                last_seq=1,
+                last_user_seq=0,
+                last_idle_seq=0,
+                create_time_us=now,
+                update_time_us=now,
+                lease_holder=None,
+                fencing_token=0,
+                lease_expire_us=None,
+            )
+            changes.append(Change(session_id, state, [first]))
+        self._pk_cache[session_id] = pk
+        return state, True
+
+    async def get_session(self, session_id: str) -> SessionState:
+        async with self.db.read_engine.connect() as conn:
+            row = (await conn.execute(select(sessions).where(sessions.c.id == session_id))).first()
+        if row is None:
+            raise SessionNotFound(session_id)
+        return SessionState.from_row(row)
+
+    async def list_sessions(
+        self, page_size: int, page_token: str, labels: dict[str, str]
+    ) -> tuple[list[SessionState], str]:
+        page_size = 50 if page_size <= 0 else min(page_size, 1000)
+        fingerprint = _fingerprint("list", sorted(labels.items()))
+        after_pk = _decode_token(page_token, fingerprint) if page_token else 0
+        query = select(sessions).where(sessions.c.pk > after_pk)
+        for key, value in labels.items():
+            query = query.where(
+                select(session_labels.c.session_pk)
+                .where(
+                    session_labels.c.session_pk == sessions.c.pk,
+                    session_labels.c.key == key,
+                    session_labels.c.value == value,
+                )
+                .exists()
+            )
+        query = query.order_by(sessions.c.pk).limit(page_size + 1)
+        async with self.db.read_engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        states = [SessionState.from_row(r) for r in rows[:page_size]]
+        token = _encode_token(states[-1].pk, fingerprint) if len(rows) > page_size else ""
+        return states, token
+
+    # -- the log ------------------------------------------------------------------------------
+
+    async def append(
+        self,
+        session_id: str,
+        batch: ev.PreparedBatch,
+        *,
+        expected_last_seq: int | None,
+        fencing_token: int,
+    ) -> AppendResult:
+        """Append a validated batch atomically, in the check order of [SESSION-APPEND-002..008]."""
+        async with self._write() as (conn, changes):
+            state = await self._lock_session(conn, session_id)
+            known = dict(
+                (
+                    await conn.execute(
+                        select(events.c.event_id, events.c.seq).where(
+                            events.c.session_pk == state.pk,
+                            events.c.event_id.in_(bindparam("ids", expanding=True)),
+                        ),
+                        {"ids": batch.ids},
+                    )
+                ).all()
+            )
+            if known:
+                if len(known) == len(batch.ids):
+                    return AppendResult(
+                        [known[i] for i in batch.ids], state.last_seq, replayed=True
+                    )
+                raise MixedBatch(
+                    [i for i in batch.ids if i in known], [i for i in batch.ids if i not in known]
+                )
+            if state.status == ev.STATUS_TERMINATED:
+                raise SessionTerminated(session_id)
+            if expected_last_seq is not None and expected_last_seq != state.last_seq:
+                raise SequenceMismatch(expected_last_seq, state.last_seq)
+            now = now_us()
+            if batch.needs_lease:
+                _check_fencing(state, fencing_token, now)
+            rows = []
+            stored = []
+            seq = state.last_seq
+            for item in batch.events:
+                seq += 1
+                event = item.event
+                event.seq = seq
+                event.create_time.FromMicroseconds(now)
+                rows.append(
+                    {
+                        "session_pk": state.pk,
+                        "seq": seq,
+                        "event_id": event.id,
+                        "type": item.type,
+                        "body": event.SerializeToString(),
+                    }
+                )
+                stored.append(event)
+                _apply(state, item.type, event, seq)
+            state.last_seq = seq
+            state.update_time_us = now
+            await conn.execute(events.insert(), rows)
+            await conn.execute(
+                update(sessions)
+                .where(sessions.c.pk == state.pk)
+                .values(
+                    last_seq=state.last_seq,
+                    status=state.status,
+                    stop_reason=state.stop_reason,
+                    last_user_seq=state.last_user_seq,
+                    last_idle_seq=state.last_idle_seq,
+                    update_time_us=now,
+                    lease_holder=state.lease_holder,
+                    lease_expire_us=state.lease_expire_us,
+                )
+            )
+            changes.append(Change(session_id, state, stored))
+        return AppendResult([e.seq for e in stored], state.last_seq, False, stored)
+
+    async def _pk(self, conn: AsyncConnection, session_id: str) -> int:
+        pk = self._pk_cache.get(session_id)
+        if pk is None:
+            pk = (
+                await conn.execute(select(sessions.c.pk).where(sessions.c.id == session_id))
+            ).scalar()
+            if pk is None:
+                raise SessionNotFound(session_id)
+            if len(self._pk_cache) > 100_000:
+                self._pk_cache.clear()
+            self._pk_cache[session_id] = pk
+        return pk
+
+    async def read_events(
+        self,
+        session_id: str,
+        *,
+        after_seq: int = 0,
+        before_seq: int = 0,
+        limit: int = 100,
+        descending: bool = False,
+        types: Sequence[str] = (),
+    ) -> list[tuple[int, bytes]]:
+        """(seq, serialized Event) with after_seq < seq < before_seq (0: unbounded), in order."""
+        query = select(events.c.seq, events.c.body)
+        async with self.db.read_engine.connect() as conn:
+            pk = await self._pk(conn, session_id)
+            query = query.where(events.c.session_pk == pk, events.c.seq > after_seq)
+            if before_seq > 0:
+                query = query.where(events.c.seq < before_seq)
+            if types:
+                query = query.where(events.c.type.in_(list(types)))
+            query = query.order_by(events.c.seq.desc() if descending else events.c.seq)
+            rows = (await conn.execute(query.limit(limit))).all()
+        return [(r[0], r[1]) for r in rows]
+
+    async def get_events_page(
+        self,
+        session_id: str,
+        *,
+        after_seq: int,
+        before_seq: int,
+        page_size: int,
+        descending: bool,
+        types: Sequence[str],
+        page_token: str,
+    ) -> tuple[list[bytes], str]:
+        """One page of GetEvents: serialized events and the next page token ("" at the end)."""
+        page_size = 100 if page_size <= 0 else min(page_size, 1000)
+        fingerprint = _fingerprint(
+            "events", session_id, after_seq, before_seq, descending, sorted(set(types))
+        )
+        if page_token:
+            position = _decode_token(page_token, fingerprint)
+            if descending:
+                before_seq = position
+            else:
+                after_seq = position
+        rows = await self.read_events(
+            session_id,
+            after_seq=after_seq,
+            before_seq=before_seq,
+            limit=page_size + 1,
+            descending=descending,
+            types=types,
+        )
+        token = _encode_token(rows[page_size - 1][0], fingerprint) if len(rows) > page_size else ""
+        return [body for _, body in rows[:page_size]], token
+
+    # -- leases -------------------------------------------------------------------------------
+
+    async def acquire_lease(self, session_id: str, holder_id: str, ttl_ms: int) -> LeaseGrant:
+        async with self._write() as (conn, changes):
+            state = await self._lock_session(conn, session_id)
+            if state.status == ev.STATUS_TERMINATED:
+                raise SessionTerminated(session_id)
+            return await self._grant(conn, changes, state, holder_id, ttl_ms)
+
+    async def claim_lease(self, holder_id: str, ttl_ms: int) -> LeaseGrant:
+        """Lease any one session that needs a harness ([SESSION-LEASE-007])."""
+        async with self._write() as (conn, changes):
+            now = now_us()
+            query = (
+                select(sessions)
+                .where(_PENDING_CONDITION, _lease_free(now))
+                .order_by(sessions.c.update_time_us)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            )
+            row = (await conn.execute(query)).first()
+            if row is None:
+                raise NoSessionPending()
+            return await self._grant(conn, changes, SessionState.from_row(row), holder_id, ttl_ms)
+
+    async def _grant(
+        self,
+        conn: AsyncConnection,
+        changes: list[Change],
+        state: SessionState,
+        holder_id: str,
+        ttl_ms: int,
+    ) -> LeaseGrant:
+        now = now_us()
+        if state.lease_live(now):
+            if state.lease_holder != holder_id:
+                raise LeaseHeld(
+                    state.id, state.lease_holder or "", format_time_us(state.lease_expire_us or 0)
+                )
+        else:
+            state.fencing_token += 1
+            state.lease_holder = holder_id
+        state.lease_expire_us = now + ttl_ms * 1000
+        await conn.execute(
+            update(sessions)
+            .where(sessions.c.pk == state.pk)
+            .values(
+                lease_holder=state.lease_holder,
+                fencing_token=state.fencing_token,
+                lease_expire_us=state.lease_expire_us,
+            )
+        )
+        changes.append(Change(state.id, state, lease_changed=True))
+        return LeaseGrant(state.id, holder_id, state.fencing_token, state.lease_expire_us)
+
+    async def renew_lease(self, session_id: str, fencing_token: int, ttl_ms: int) -> LeaseGrant:
+        async with self._write() as (conn, changes):
+            state = await self._lock_session(conn, session_id)
+            now = now_us()
+            _check_fencing(state, fencing_token, now)
+            state.lease_expire_us = now + ttl_ms * 1000
+            await conn.execute(
+                update(sessions)
+                .where(sessions.c.pk == state.pk)
+                .values(lease_expire_us=state.lease_expire_us)
+            )
+            changes.append(Change(session_id, state, lease_changed=True))
+            return LeaseGrant(
+                session_id, state.lease_holder or "", state.fencing_token, state.lease_expire_us
+            )
+
+    async def release_lease(self, session_id: str, fencing_token: int) -> None:
+        async with self._write() as (conn, changes):
+            state = await self._lock_session(conn, session_id)
+            if state.lease_holder is None or state.fencing_token != fencing_token:
+                return  # idempotent ([SESSION-LEASE-005])
+            state.lease_holder = None
+            state.lease_expire_us = None
+            await conn.execute(
+                update(sessions)
+                .where(sessions.c.pk == state.pk)
+                .values(lease_holder=None, lease_expire_us=None)
+            )
+            changes.append(Change(session_id, state, lease_changed=True))
+
+    async def check_lease(self, session_id: str, fencing_token: int) -> SessionState:
+        """The session, if `fencing_token` is its live lease (for previews); else LeaseLost."""
+        state = await self.get_session(session_id)
+        _check_fencing(state, fencing_token, now_us())
+        return state
+
+    # -- pending sessions ---------------------------------------------------------------------
+
+    async def pending_sessions(self, limit: int = 10_000) -> list[tuple[str, int]]:
+        """(id, last_seq) of sessions that need a harness now, oldest change first."""
+        query = (
+            select(sessions.c.id, sessions.c.last_seq)
+            .where(_PENDING_CONDITION, _lease_free(now_us()))
+            .order_by(sessions.c.update_time_us)
+            .limit(limit)
+        )
+        async with self.db.read_engine.connect() as conn:
+            return [(r[0], r[1]) for r in (await conn.execute(query)).all()]
+
+    async def live_leases(self) -> list[tuple[str, int]]:
+        """(id, expire time) of sessions whose lease is live and that are not terminated."""
+        query = select(sessions.c.id, sessions.c.lease_expire_us).where(
+            sessions.c.lease_holder.is_not(None),
+            sessions.c.lease_expire_us > now_us(),
+            sessions.c.status != ev.STATUS_TERMINATED,
+        )
+        async with self.db.read_engine.connect() as conn:
+            return [(r[0], r[1]) for r in (await conn.execute(query)).all()]
+
+    async def count_events(self, session_id: str) -> int:
+        async with self.db.read_engine.connect() as conn:
+            pk = await self._pk(conn, session_id)
+            return int(
+                (
+                    await conn.execute(
+                        select(func.count()).select_from(events).where(events.c.session_pk == pk)
+                    )
+                ).scalar_one()
+            )
+
+
+def _check_fencing(state: SessionState, token: int, at_us: int) -> None:
+    if token <= 0:
+        raise LeaseLost(state.id, "no fencing token was given for harness events")
+    if token != state.fencing_token:
+        raise LeaseLost(state.id, f"fencing token {token} was superseded by {state.fencing_token}")
+    if state.lease_holder is None:
+        raise LeaseLost(state.id, f"the lease with fencing token {token} was released")
+    if (state.lease_expire_us or 0) <= at_us:
+        raise LeaseLost(
+            state.id,
+            f"the lease with fencing token {token} expired at "
+            f"{format_time_us(state.lease_expire_us or 0)}",
+        )
+
+
+def _apply(state: SessionState, event_type: str, event: events_pb2.Event, seq: int) -> None:
+    """Fold one stored event into the session row (status follows the status events)."""
+    if event_type in ev.CLIENT_TYPES:
+        state.last_user_seq = seq
+        return
+    status = ev.STATUS_OF_TYPE.get(event_type)
+    if status is None:
+        return
+    state.status = status
+    if status == ev.STATUS_IDLE:
+        state.stop_reason = event.session_status_idle.stop_reason
+        state.last_idle_seq = seq
+    elif status == ev.STATUS_TERMINATED:
+        # A terminated session has no driver; its lease ends with it.
+        state.lease_holder = None
+        state.lease_expire_us = None
+
+
+def _fingerprint(*parts: object) -> bytes:
+    return hashlib.sha256(repr(parts).encode()).digest()[:8]
+
+
+def _encode_token(position: int, fingerprint: bytes) -> str:
+    raw = position.to_bytes(8, "big") + fingerprint
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_token(token: str, fingerprint: bytes) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except (ValueError, TypeError):
+        raise InvalidPageToken() from None
+    if len(raw) != 16 or raw[8:] != fingerprint:
+        raise InvalidPageToken()
+    return int.from_bytes(raw[:8], "big")
