@@ -140,3 +140,25 @@ async def test_sigterm_during_an_open_stream(tmp_path: Path, specs: list[Service
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_unary_calls_past_the_grace_end_with_unavailable(
+    start_probe: Any, specs: list[ServiceSpec]
+) -> None:
+    server = await start_probe(grace_seconds=0.2)
+    spec = specs[0]
+    async with server.channel() as channel:
+        unary = asyncio.ensure_future(
+            spec.stub(channel).GetCapabilities(
+                spec.request(spec.unary), metadata=((ACTION, "block"),)
+            )
+        )
+        while await server.state.started.get() != "GetCapabilities:block":
+            pass
+        await server.running.stop()  # the blocked call is never released
+        try:
+            await unary
+            raise AssertionError("a call past the grace period succeeded")
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
+            assert error_info(error).reason == "SERVER_SHUTTING_DOWN"  # type: ignore[union-attr]

@@ -34,44 +34,41 @@ EXEMPT_PREFIXES = (
 
 
 class CallTracker:
-    """Calls in flight on one server, and its shutdown state."""
+    """Calls in flight on one server (by task), and its shutdown state.
+
+    Calls are split by whether their response is a stream: shutdown waits for the others
+    (unary responses) and ends the streams.
+    """
 
     def __init__(self) -> None:
         self.shutting_down = asyncio.Event()
-        self.unary_calls = 0
-        self.unary_idle = asyncio.Event()
-        self.unary_idle.set()
-        self.streams: dict[asyncio.Task[Any], bool] = {}  # task → aborted for shutdown
-        self.streams_idle = asyncio.Event()
-        self.streams_idle.set()
+        self._calls: dict[asyncio.Task[Any], tuple[bool, bool]] = {}  # → (streaming, aborted)
+        self._idle = {False: asyncio.Event(), True: asyncio.Event()}
+        for event in self._idle.values():
+            event.set()
 
-    def unary_started(self) -> None:
-        self.unary_calls += 1
-        self.unary_idle.clear()
+    def started(self, task: asyncio.Task[Any], streaming: bool) -> None:
+        self._calls[task] = (streaming, False)
+        self._idle[streaming].clear()
 
-    def unary_finished(self) -> None:
-        self.unary_calls -= 1
-        if self.unary_calls == 0:
-            self.unary_idle.set()
+    def finished(self, task: asyncio.Task[Any]) -> None:
+        streaming, _ = self._calls.pop(task, (False, False))
+        if not any(kind == streaming for kind, _ in self._calls.values()):
+            self._idle[streaming].set()
 
-    def stream_started(self, task: asyncio.Task[Any]) -> None:
-        self.streams[task] = False
-        self.streams_idle.clear()
+    async def wait_idle(self, streaming: bool) -> None:
+        await self._idle[streaming].wait()
 
-    def stream_finished(self, task: asyncio.Task[Any]) -> None:
-        self.streams.pop(task, None)
-        if not self.streams:
-            self.streams_idle.set()
+    def aborted(self, task: asyncio.Task[Any]) -> bool:
+        """Whether shutdown cancelled this call (as opposed to its client going away)."""
+        return self._calls.get(task, (False, False))[1]
 
-    def aborted_for_shutdown(self, task: asyncio.Task[Any]) -> bool:
-        return self.streams.get(task, False)
-
-    def abort_streams(self) -> int:
-        """Cancel every open stream handler; each ends its call with UNAVAILABLE."""
+    def abort(self, streaming: bool) -> int:
+        """Cancel the handlers of open calls of one kind; each ends with UNAVAILABLE."""
         count = 0
-        for task in list(self.streams):
-            if not self.streams[task] and not task.done():
-                self.streams[task] = True
+        for task, (kind, aborted) in list(self._calls.items()):
+            if kind == streaming and not aborted and not task.done():
+                self._calls[task] = (kind, True)
                 task.cancel()
                 count += 1
         return count
@@ -208,56 +205,34 @@ class ServerInterceptor(aio.ServerInterceptor):
         auth._current_role.set(role)
 
     def _unary_response(self, handler: Behavior | None, rule: auth.MethodRule) -> Behavior:
+        return self._wrap(handler, rule, streaming=False)
+
+    def _stream_response(self, handler: Behavior | None, rule: auth.MethodRule) -> Behavior:
+        return self._wrap(handler, rule, streaming=True)
+
+    def _wrap(self, handler: Behavior | None, rule: auth.MethodRule, streaming: bool) -> Behavior:
         if handler is None:
             raise RuntimeError(f"no handler behavior for {rule.method}")
         behavior: Behavior = handler
         tracker = self._tracker
 
         async def handle(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-            # Each RPC runs in its own task with a copied context, so these contextvars
-            # are private to the call and need no reset.
-            tracker.unary_started()
+            # Each RPC runs in its own task with a copied context, so the contextvars set
+            # here are private to the call and need no reset.
+            task = asyncio.current_task()
+            assert task is not None
+            tracker.started(task, streaming)
+            result: Any = None
             try:
                 self._enter(rule, context)
                 result = behavior(request, context)
-                if inspect.isawaitable(result):
-                    result = await result
-                return result
-            except OmaError as error:
-                await _abort(context, error)
-            except NotImplementedError:
-                await _abort_unimplemented(context, rule.method)
-            except aio.AbortError:
-                raise
-            except Exception:
-                await _abort_internal(context, rule.method)
-            finally:
-                tracker.unary_finished()
-
-        return handle
-
-    def _stream_response(self, handler: Behavior | None, rule: auth.MethodRule) -> Behavior:
-        if handler is None:
-            raise RuntimeError(f"no handler behavior for {rule.method}")
-        behavior: Behavior = handler
-        tracker = self._tracker
-
-        async def handle(request: Any, context: aio.ServicerContext[Any, Any]) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            tracker.stream_started(task)
-            responses: Any = None
-            try:
-                self._enter(rule, context)
-                responses = behavior(request, context)
-                if hasattr(responses, "__aiter__"):
-                    async for response in responses:
-                        await context.write(response)
-                elif inspect.isawaitable(responses):
-                    await responses
-                elif responses is not None:
-                    for response in responses:
-                        await context.write(response)
+                if not streaming:
+                    return await result if inspect.isawaitable(result) else result
+                await _drive(result, context)
+                if tracker.aborted(task):
+                    # The handler swallowed the cancellation: its stream is still cut short.
+                    raise shutting_down_error()
+                return None
             except OmaError as error:
                 await _abort(context, error)
             except NotImplementedError:
@@ -265,19 +240,32 @@ class ServerInterceptor(aio.ServerInterceptor):
             except aio.AbortError:
                 raise
             except asyncio.CancelledError:
-                if not tracker.aborted_for_shutdown(task):
+                if not tracker.aborted(task):
                     raise  # the client went away, or the server is being torn down
                 task.uncancel()
                 await _abort(context, shutting_down_error())
             except Exception:
                 await _abort_internal(context, rule.method)
             finally:
-                tracker.stream_finished(task)
-                aclose = getattr(responses, "aclose", None)
-                if aclose is not None:
+                tracker.finished(task)
+                aclose = getattr(result, "aclose", None)
+                if streaming and aclose is not None:
                     try:
                         await aclose()
                     except Exception:
                         logger.debug("closing the response stream of %s failed", rule.method)
 
         return handle
+
+
+async def _drive(responses: Any, context: aio.ServicerContext[Any, Any]) -> None:
+    """Send a handler's responses with `context.write`, whatever style it was written in
+    (async generator, coroutine using `context.write` itself, or a plain iterable)."""
+    if hasattr(responses, "__aiter__"):
+        async for response in responses:
+            await context.write(response)
+    elif inspect.isawaitable(responses):
+        await responses
+    elif responses is not None:
+        for response in responses:
+            await context.write(response)

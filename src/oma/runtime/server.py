@@ -14,7 +14,9 @@
 - stops gracefully ([COMMON-SHUTDOWN-001]) in `stop(grace)`: health flips to NOT_SERVING, new
   OMA calls get `UNAVAILABLE`/`SERVER_SHUTTING_DOWN` (health and reflection keep answering),
   calls with a unary response in flight get up to `grace` seconds to finish, then every open
-  response stream ends with `UNAVAILABLE`/`SERVER_SHUTTING_DOWN`, then the server closes.
+  response stream (and any unary call still running past the grace) ends with
+  `UNAVAILABLE`/`SERVER_SHUTTING_DOWN` — its handler is cancelled, so it should roll back
+  on `CancelledError` — then the server closes.
   Handlers may `await shutting_down()` to end a stream on their own terms first.
 
 `run_until_signal(running)` waits for SIGTERM or SIGINT and then stops gracefully.
@@ -46,7 +48,8 @@ from oma.runtime.auth import TokenTable
 logger = logging.getLogger("oma.runtime")
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-_FLUSH_SECONDS = 1.0  # time left to aborted streams to deliver their status before closing
+_FLUSH_SECONDS = 2.0  # time aborted calls get to deliver their status
+_CLOSE_SECONDS = 0.5  # then gRPC cancels whatever is left
 
 
 @dataclass(frozen=True)
@@ -151,23 +154,31 @@ class RunningServer:
         await asyncio.shield(self._stop_task)
 
     async def _stop(self, grace: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(grace, 0.0)
         self._tracker.shutting_down.set()
         await self.health.enter_graceful_shutdown()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._tracker.unary_idle.wait(), max(grace, 0.0))
-        aborted = self._tracker.abort_streams()
-        if aborted:
-            logger.info("shutdown: ending %d open stream(s) with UNAVAILABLE", aborted)
+            await asyncio.wait_for(self._tracker.wait_idle(streaming=False), max(grace, 0.0))
+        streams = self._tracker.abort(streaming=True)
+        late = self._tracker.abort(streaming=False)  # unary calls still running past the grace
+        if streams or late:
+            logger.info(
+                "shutdown: ending %d open stream(s) and %d unary call(s) past the grace "
+                "with UNAVAILABLE",
+                streams,
+                late,
+            )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._tracker.streams_idle.wait(), _FLUSH_SECONDS)
-        # Whatever is still running (unary calls past the grace, health watchers) is cancelled.
-        remaining = max(deadline - loop.time(), 0.0)
-        await self.server.stop(min(remaining, _FLUSH_SECONDS))
+                await asyncio.wait_for(self._wait_all_idle(), _FLUSH_SECONDS)
+        # What is left (health watchers, reflection streams, handlers that ignored their
+        # cancellation) is cut by gRPC itself.
+        await self.server.stop(_CLOSE_SECONDS)
         if self._unix_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._unix_path.unlink()
+
+    async def _wait_all_idle(self) -> None:
+        await self._tracker.wait_idle(streaming=True)
+        await self._tracker.wait_idle(streaming=False)
 
     async def wait_for_termination(self) -> None:
         await self.server.wait_for_termination()
