@@ -33,7 +33,7 @@ def session_address(tmp_path: Path, tokens_file: Path) -> Iterator[str]:
             "--tokens",
             str(tokens_file),
             "--db",
-            f"sqlite+aiosqlite:///{tmp_path / 'sessions.db'}",
+            f"sqlite:///{tmp_path / 'sessions.db'}",
         ],
         tmp_path,
     )

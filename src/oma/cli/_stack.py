@@ -166,7 +166,7 @@ def start_stack(
                     "--listen",
                     listen("session"),
                     "--db",
-                    f"sqlite+aiosqlite:///{data_dir / 'sessions.db'}",
+                    f"sqlite:///{data_dir / 'sessions.db'}",
                 ],
             ),
             (
@@ -180,7 +180,7 @@ def start_stack(
                     "--listen",
                     listen("vault"),
                     "--db",
-                    f"sqlite+aiosqlite:///{data_dir / 'vault.db'}",
+                    f"sqlite:///{data_dir / 'vault.db'}",
                 ],
             ),
         ]
