@@ -7,9 +7,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from oma.cli._stack import _wait_for_address
+from oma.harness.v1 import harness_pb2, harness_pb2_grpc
 from oma.runtime.auth import TokenTable
+from oma.runtime.client import connect
 from oma.runtime.server import ServerOptions
 from oma.servers.harness.app import Harness, HarnessConfig, start_harness
 from oma.servers.harness.driver import DriverConfig
@@ -181,3 +184,17 @@ class SessionClient:
             )
         )
         return list(response.sandboxes)
+
+
+def types(events: list[Any]) -> list[str]:
+    return [e.type for e in events]
+
+
+def payload(events: list[Any], kind: str) -> list[Any]:
+    return [getattr(e, kind.replace(".", "_", 1)) for e in events if e.type == kind]
+
+
+async def wake(peers: Peers, address: str, session_id: str) -> harness_pb2.WakeResponse:
+    async with connect(address, token=peers.tokens.token_for("client")) as channel:
+        stub = harness_pb2_grpc.HarnessServiceStub(channel)
+        return await stub.Wake(harness_pb2.WakeRequest(session_id=session_id))

@@ -9,10 +9,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from harness_helpers import HarnessFactory, Peers, SessionClient
+from harness_helpers import HarnessFactory, Peers, SessionClient, payload, types, wake
 
-from oma.harness.v1 import harness_pb2, harness_pb2_grpc
-from oma.runtime.client import connect
+from oma.harness.v1 import harness_pb2
 from oma.servers.harness.model_server.server import AsyncModelServer, start_model_server
 
 SCRIPTS: dict[str, Any] = {
@@ -76,20 +75,6 @@ async def model() -> AsyncIterator[AsyncModelServer]:
         yield server
         # Every request the harness built was one the real API would accept.
         assert server.rejections() == []
-
-
-def types(events: list[Any]) -> list[str]:
-    return [e.type for e in events]
-
-
-def payload(events: list[Any], kind: str) -> list[Any]:
-    return [getattr(e, kind.replace(".", "_", 1)) for e in events if e.type == kind]
-
-
-async def wake(peers: Peers, address: str, session_id: str) -> harness_pb2.WakeResponse:
-    async with connect(address, token=peers.tokens.token_for("client")) as channel:
-        stub = harness_pb2_grpc.HarnessServiceStub(channel)
-        return await stub.Wake(harness_pb2.WakeRequest(session_id=session_id))
 
 
 async def test_a_session_without_tools_never_gets_a_sandbox(
