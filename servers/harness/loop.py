@@ -10,6 +10,7 @@ successor harness writes nothing twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections.abc import Sequence
@@ -36,6 +37,9 @@ class LoopConfig:
     max_model_retries: int = 3
     backoff_initial_seconds: float = 0.5
     backoff_max_seconds: float = 8.0
+    # Applied when the session's definition sets no per-turn call budget, so that a model
+    # that never stops calling tools cannot run a turn forever.
+    default_max_model_calls_per_turn: int = 200
 
 
 class Turn:
@@ -56,6 +60,10 @@ class Turn:
         self._model = model
         self._config = config
         self._lease = lease
+        if not definition.max_model_calls_per_turn:
+            definition = dataclasses.replace(
+                definition, max_model_calls_per_turn=config.default_max_model_calls_per_turn
+            )
         self._definition = definition
         self._log = list(log_events)
         self._tools = tools.complete(definition.tools)
@@ -137,6 +145,7 @@ class Turn:
                     messages=messages,
                     tools=tools.to_api(self._tools),
                     max_tokens=d.max_tokens,
+                    user_id=self.session_id,
                     on_text=lambda text: self._preview(preview_after, text),
                 )
             except ModelFailure as error:

@@ -102,6 +102,7 @@ async def stream_reply(
     messages: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]],
     max_tokens: int,
+    user_id: str = "",
     on_text: Callable[[str], Awaitable[None]],
 ) -> ModelReply:
     """Stream one reply, handing each text delta to `on_text`; raise `ModelFailure` on error."""
@@ -110,6 +111,10 @@ async def stream_reply(
         kwargs["system"] = system
     if tools:
         kwargs["tools"] = list(tools)
+    if user_id:
+        # An opaque per-conversation id (the session id): the API's abuse tracking key, and
+        # what the scripted model server derives its deterministic tool-use ids from.
+        kwargs["metadata"] = {"user_id": user_id}
     try:
         async with client.messages.stream(**kwargs) as stream:
             async for event in stream:
