@@ -50,7 +50,47 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], str]] = [
         {"messages": [user("a"), assistant("b"), assistant("c"), user("d")]},
         "roles must alternate",
     ),
-    ("unknown role", {"messages": [user("a"), {"role": "robot", "content": "b"}]}, "messages.1"),
+    (
+        "unknown role",
+        {"messages": [user("a"), {"role": "robot", "content": "b"}]},
+        "messages.1: Input tag 'robot' found using 'role' does not match any of the expected tags",
+    ),
+    (
+        "unknown block type",
+        {"messages": [user([{"type": "picture", "url": "x"}])]},
+        "messages.0.content.0: Input tag 'picture' found using 'type'",
+    ),
+    (
+        "tool_use block without input",
+        {
+            "messages": [
+                user("a"),
+                assistant([{"type": "tool_use", "id": "t", "name": "bash"}]),
+                user("b"),
+            ],
+            "tools": TOOLS,
+        },
+        "messages.1.content.0.tool_use.input: Field required",
+    ),
+    (
+        "system message inside messages",
+        {"messages": [user("a"), {"role": "system", "content": "b"}]},
+        'unexpected role "system"',
+    ),
+    (
+        "thinking budget below the minimum",
+        {"messages": [user("a")], "thinking": {"type": "enabled", "budget_tokens": 100}},
+        "budget_tokens: Input should be greater than or equal to 1024",
+    ),
+    (
+        "thinking budget above max_tokens",
+        {
+            "messages": [user("a")],
+            "max_tokens": 2000,
+            "thinking": {"type": "enabled", "budget_tokens": 4000},
+        },
+        "`max_tokens` must be greater than `thinking.budget_tokens`",
+    ),
     (
         "tool_result without a tool_use",
         {"messages": [user([tool_result("toolu_x")])]},
@@ -110,7 +150,7 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], str]] = [
     (
         "unknown block field",
         {"messages": [user([{"type": "text", "text": "a", "colour": "red"}])]},
-        "messages.0.content.0.colour: Extra inputs are not permitted",
+        "messages.0.content.0.text.colour: Extra inputs are not permitted",
     ),
     (
         "tool without input_schema",

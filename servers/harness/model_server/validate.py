@@ -25,6 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic_core import SchemaValidator
 
 MAX_CACHE_BREAKPOINTS = 4
+MIN_THINKING_BUDGET = 1024
 
 
 class InvalidRequest(Exception):
@@ -35,26 +36,57 @@ class InvalidRequest(Exception):
         self.message = message
 
 
-def _model_refs(definitions: list[dict[str, Any]]) -> set[str]:
-    return {d["ref"] for d in definitions if d.get("type") == "model" and "ref" in d}
-
-
-def _is_model_choice(choice: Any, model_refs: set[str]) -> bool:
+def _is_model_choice(choice: Any, defs: Mapping[str, Any]) -> bool:
     schema = choice[0] if isinstance(choice, tuple) else choice
     if not isinstance(schema, dict):
         return False
+    if schema.get("type") == "definition-ref":
+        schema = defs.get(schema.get("schema_ref", ""), {})
     if schema.get("type") == "model":
         return True
     if schema.get("type") == "union":
-        return all(_is_model_choice(c, model_refs) for c in schema["choices"])
-    return schema.get("type") == "definition-ref" and schema.get("schema_ref") in model_refs
+        return all(_is_model_choice(c, defs) for c in schema["choices"])
+    return False
 
 
-def _tighten(node: Any, model_refs: set[str]) -> Any:
+def _tag_values(choice: Any, defs: Mapping[str, Any], discriminator: str) -> list[str] | None:
+    schema = choice[0] if isinstance(choice, tuple) else choice
+    if schema.get("type") == "definition-ref":
+        schema = defs.get(schema.get("schema_ref", ""), {})
+    if schema.get("type") != "typed-dict":
+        return None
+    tag = schema["fields"].get(discriminator)
+    if not tag or not tag.get("required") or tag["schema"].get("type") != "literal":
+        return None
+    values = tag["schema"]["expected"]
+    return values if all(isinstance(v, str) for v in values) else None
+
+
+def _as_tagged_union(node: dict[str, Any], defs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The union as a tagged union on `type` (or `role`) when every member has that tag.
+
+    Tagged unions report an unknown tag precisely ("Input tag 'x' found using 'type' does
+    not match any of the expected tags: ...", the real API's own wording) instead of every
+    member's complaint.
+    """
+    for discriminator in ("type", "role"):
+        choices: dict[str, Any] = {}
+        for choice in node["choices"]:
+            values = _tag_values(choice, defs, discriminator)
+            if values is None or any(v in choices for v in values):
+                break
+            for value in values:
+                choices[value] = choice[0] if isinstance(choice, tuple) else choice
+        else:
+            return {"type": "tagged-union", "choices": choices, "discriminator": discriminator}
+    return None
+
+
+def _tighten(node: Any, defs: Mapping[str, Any]) -> Any:
     """Rewrite a pydantic core schema in place into the strict JSON form (see module doc)."""
     if isinstance(node, list):
         for item in node:
-            _tighten(item, model_refs)
+            _tighten(item, defs)
         return node
     if not isinstance(node, dict):
         return node
@@ -64,13 +96,17 @@ def _tighten(node: Any, model_refs: set[str]) -> Any:
     elif kind == "typed-dict":
         node["extra_behavior"] = "forbid"
     elif kind == "union":
-        kept = [c for c in node["choices"] if not _is_model_choice(c, model_refs)]
+        kept = [c for c in node["choices"] if not _is_model_choice(c, defs)]
         if kept:
             node["choices"] = kept
+        tagged = _as_tagged_union(node, defs)
+        if tagged is not None:
+            node.clear()
+            node.update(tagged)
     for key, value in node.items():
         if key in ("cls", "function", "metadata", "config"):
             continue
-        _tighten(value, model_refs)
+        _tighten(value, defs)
     return node
 
 
@@ -84,15 +120,20 @@ def _validator(kind: str) -> SchemaValidator:
         "count_tokens": message_count_tokens_params.MessageCountTokensParams,
     }[kind]
     schema = copy.deepcopy(TypeAdapter(target).core_schema)
-    refs = (
-        _model_refs(schema.get("definitions", [])) if schema.get("type") == "definitions" else set()
-    )
-    return SchemaValidator(_tighten(schema, refs))
+    defs = {d["ref"]: d for d in schema.get("definitions", []) if "ref" in d}
+    return SchemaValidator(_tighten(schema, defs))
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
-    # pydantic names union members in locations (e.g. `UserMessageParam`); the API does not.
-    parts = [str(p) for p in loc if not (isinstance(p, str) and (p[:1].isupper() or "[" in p))]
+    # pydantic names union members in locations (e.g. `UserMessageParam`), and the role tag
+    # of a message (`messages.0.user.content`); the API shows neither.
+    parts: list[str] = []
+    for i, p in enumerate(loc):
+        if isinstance(p, str) and (p[:1].isupper() or "[" in p):
+            continue
+        if i >= 2 and loc[i - 2] == "messages" and isinstance(loc[i - 1], int):
+            continue
+        parts.append(str(p))
     return ".".join(parts)
 
 
@@ -205,6 +246,20 @@ def _check_tools(body: Mapping[str, Any]) -> None:
         raise InvalidRequest(f"tool_choice.name: no tool named {choice.get('name')!r} in `tools`")
 
 
+def _check_thinking(body: Mapping[str, Any]) -> None:
+    thinking = body.get("thinking")
+    if not isinstance(thinking, Mapping) or thinking.get("type") != "enabled":
+        return
+    budget = thinking["budget_tokens"]
+    if budget < MIN_THINKING_BUDGET:
+        raise InvalidRequest(
+            "thinking.enabled.budget_tokens: Input should be greater than or equal to "
+            f"{MIN_THINKING_BUDGET}"
+        )
+    if "max_tokens" in body and body["max_tokens"] <= budget:
+        raise InvalidRequest("`max_tokens` must be greater than `thinking.budget_tokens`")
+
+
 def validate_request(body: Any, *, kind: str) -> dict[str, Any]:
     """Validate a decoded JSON body; `kind` is `create`, `stream` or `count_tokens`.
 
@@ -221,6 +276,7 @@ def validate_request(body: Any, *, kind: str) -> dict[str, Any]:
         raise InvalidRequest("max_tokens: Input should be greater than or equal to 1")
     _check_conversation(body)
     _check_tools(body)
+    _check_thinking(body)
     breakpoints = _count_cache_control(body)
     if breakpoints > MAX_CACHE_BREAKPOINTS:
         raise InvalidRequest(
