@@ -115,12 +115,15 @@ def _basic(username: str, password: str) -> str:
     return base64.b64encode(f"{username}:{password}".encode()).decode()
 
 
-def outgoing_headers(caller: list[tuple[str, str]], secret: Secret) -> list[tuple[str, str]]:
+def outgoing_headers(caller: list[tuple[str, str]], secret: Secret) -> list[tuple[bytes, bytes]]:
     name, value = auth_header(secret)
     dropped = _REQUEST_HEADERS_WE_SET | {name.lower()}
-    headers = [(k, v) for k, v in caller if k.lower() not in dropped]
-    headers.append(("Accept-Encoding", "gzip, deflate"))
-    headers.append((name, value))
+    headers = [
+        (k.encode("latin-1"), v.encode("latin-1")) for k, v in caller if k.lower() not in dropped
+    ]
+    headers.append((b"Accept-Encoding", b"gzip, deflate"))
+    # Secrets may be any UTF-8 text; sent as their UTF-8 bytes.
+    headers.append((name.encode("latin-1"), value.encode("utf-8")))
     return headers
 
 

@@ -34,8 +34,9 @@ class VaultUnderTest:
         return vault_pb2_grpc.VaultServiceStub(self.channels[role])
 
 
-async def start_vault(tmp_path: Path, db_url: str | None = None,
-                      session_address: str | None = None, **limits: Any) -> VaultUnderTest:
+async def start_vault(
+    tmp_path: Path, db_url: str | None = None, session_address: str | None = None, **limits: Any
+) -> VaultUnderTest:
     from oma.runtime.auth import TokenTable
     from oma.runtime.server import ServerOptions, Service, start_server
     from oma.servers.vault.core import Vault, VaultLimits
@@ -53,8 +54,13 @@ async def start_vault(tmp_path: Path, db_url: str | None = None,
     tokens = TokenTable.generate()
     lookup = session_lookup_factory(session_address) if session_address else None
     running = await start_server(
-        [Service(VaultServicer(vault, lookup), vault_pb2_grpc.add_VaultServiceServicer_to_server,
-                 SERVICE_NAME)],
+        [
+            Service(
+                VaultServicer(vault, lookup),
+                vault_pb2_grpc.add_VaultServiceServicer_to_server,
+                SERVICE_NAME,
+            )
+        ],
         ServerOptions(tokens=tokens, listen="127.0.0.1:0"),
     )
     return VaultUnderTest(running.address, tokens, vault, {}, running, key_file, url)

@@ -36,13 +36,20 @@ async def test_metadata_never_holds_the_secret(vault) -> None:
         "h": pb.CredentialSecret(header=pb.HeaderSecret(header_name="X-Api-Key", value=SECRET)),
         "u": pb.CredentialSecret(basic=pb.BasicSecret(username="alice", password=SECRET)),
         "g": pb.CredentialSecret(git_token=pb.GitTokenSecret(token=SECRET)),
-        "o": pb.CredentialSecret(oauth=pb.OAuthSecret(
-            access_token=SECRET, refresh_token=SECRET + "r", client_secret=SECRET + "c",
-            token_endpoint="http://127.0.0.1:9/token", client_id="cid")),
+        "o": pb.CredentialSecret(
+            oauth=pb.OAuthSecret(
+                access_token=SECRET,
+                refresh_token=SECRET + "r",
+                client_secret=SECRET + "c",
+                token_endpoint="http://127.0.0.1:9/token",
+                client_id="cid",
+            )
+        ),
     }
     for cid, secret in kinds.items():
-        cred = await create(stub, secret, hosts(("api.example.com", 443)), credential_id=cid,
-                            description="test")
+        cred = await create(
+            stub, secret, hosts(("api.example.com", 443)), credential_id=cid, description="test"
+        )
         assert cred.version == 1
         assert SECRET.encode() not in cred.SerializeToString()
     listed = await stub.ListCredentials(pb.ListCredentialsRequest())
@@ -58,16 +65,18 @@ async def test_metadata_never_holds_the_secret(vault) -> None:
 async def test_database_and_key_file_reveal_nothing(vault) -> None:
     await create(vault.stub(), bearer(), hosts(("api.example.com", 0)), credential_id="c1")
     db_path = vault.db_url.split("///", 1)[1]
-    for path in [db_path, db_path + "-wal"]:
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                assert SECRET.encode() not in f.read()
+    assert not _files_contain([db_path, db_path + "-wal"], SECRET.encode())
     mode = stat.S_IMODE(os.stat(vault.key_file).st_mode)
     assert mode == 0o600
     with sqlite3.connect(db_path) as conn:
         (ciphertext,) = conn.execute(
-            "SELECT ciphertext FROM vault_credentials WHERE credential_id='c1'").fetchone()
+            "SELECT ciphertext FROM vault_credentials WHERE credential_id='c1'"
+        ).fetchone()
     assert SECRET.encode() not in ciphertext
+
+
+def _files_contain(paths: list[str], needle: bytes) -> bool:
+    return any(os.path.exists(p) and needle in open(p, "rb").read() for p in paths)
 
 
 async def test_ciphertext_is_bound_to_credential_and_version(vault) -> None:
@@ -87,40 +96,71 @@ async def test_ciphertext_is_bound_to_credential_and_version(vault) -> None:
 async def test_admin_only_management(vault) -> None:
     request = pb.CreateCredentialRequest(allowed_hosts=hosts(("a.example", 0)), secret=bearer())
     for role in ("client", "harness", "sandbox_server"):
-        await expect_error(vault.stub(role).CreateCredential(request),
-                           grpc.StatusCode.PERMISSION_DENIED, "ROLE_FORBIDDEN")
-        await expect_error(vault.stub(role).ListAudit(pb.ListAuditRequest()),
-                           grpc.StatusCode.PERMISSION_DENIED, "ROLE_FORBIDDEN")
-    await expect_error(vault.stub("none").CreateCredential(request),
-                       grpc.StatusCode.UNAUTHENTICATED, "TOKEN_MISSING")
+        await expect_error(
+            vault.stub(role).CreateCredential(request),
+            grpc.StatusCode.PERMISSION_DENIED,
+            "ROLE_FORBIDDEN",
+        )
+        await expect_error(
+            vault.stub(role).ListAudit(pb.ListAuditRequest()),
+            grpc.StatusCode.PERMISSION_DENIED,
+            "ROLE_FORBIDDEN",
+        )
+    await expect_error(
+        vault.stub("none").CreateCredential(request),
+        grpc.StatusCode.UNAUTHENTICATED,
+        "TOKEN_MISSING",
+    )
 
 
 async def test_harness_cannot_issue_without_session_check(vault) -> None:
     await create(vault.stub(), bearer(), hosts(("a.example", 0)), credential_id="c")
     await expect_error(
         vault.stub("harness").IssueSessionToken(
-            pb.IssueSessionTokenRequest(session_id="s", credential_ids=["c"])),
-        grpc.StatusCode.PERMISSION_DENIED, "ROLE_FORBIDDEN")
+            pb.IssueSessionTokenRequest(session_id="s", credential_ids=["c"])
+        ),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "ROLE_FORBIDDEN",
+    )
 
 
 async def test_invalid_create_requests(vault) -> None:
     stub = vault.stub()
-    await expect_error(create(stub, bearer(), []), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
-    await expect_error(create(stub, bearer("short"), hosts(("a.example", 0))),
-                       grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
-    await expect_error(create(stub, bearer(), hosts(("a.example", 0)), credential_id="Bad Id"),
-                       grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
-    await expect_error(create(stub, bearer(), hosts(("*.example.com", 0))),
-                       grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
+    await expect_error(
+        create(stub, bearer(), []), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"
+    )
+    await expect_error(
+        create(stub, bearer("short"), hosts(("a.example", 0))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+    )
+    await expect_error(
+        create(stub, bearer(), hosts(("a.example", 0)), credential_id="Bad Id"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+    )
+    await expect_error(
+        create(stub, bearer(), hosts(("*.example.com", 0))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+    )
     await expect_error(
         stub.CreateCredential(pb.CreateCredentialRequest(allowed_hosts=hosts(("a.example", 0)))),
-        grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+    )
     header = pb.CredentialSecret(header=pb.HeaderSecret(header_name="Host", value=SECRET))
-    await expect_error(create(stub, header, hosts(("a.example", 0))),
-                       grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
+    await expect_error(
+        create(stub, header, hosts(("a.example", 0))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+    )
     await create(stub, bearer(), hosts(("a.example", 0)), credential_id="dup")
-    await expect_error(create(stub, bearer(), hosts(("a.example", 0)), credential_id="dup"),
-                       grpc.StatusCode.ALREADY_EXISTS, "CREDENTIAL_EXISTS")
+    await expect_error(
+        create(stub, bearer(), hosts(("a.example", 0)), credential_id="dup"),
+        grpc.StatusCode.ALREADY_EXISTS,
+        "CREDENTIAL_EXISTS",
+    )
 
 
 async def test_create_is_retry_safe_by_request_id(vault) -> None:
@@ -131,28 +171,42 @@ async def test_create_is_retry_safe_by_request_id(vault) -> None:
     assert first.credential_id.startswith("cred_")
     listed = await stub.ListCredentials(pb.ListCredentialsRequest())
     assert len(listed.credentials) == 1
-    await expect_error(create(stub, bearer(SECRET + "x"), hosts(("a.example", 0)), request_id="r-1"),
-                       grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_REUSED")
+    await expect_error(
+        create(stub, bearer(SECRET + "x"), hosts(("a.example", 0)), request_id="r-1"),
+        grpc.StatusCode.ALREADY_EXISTS,
+        "REQUEST_ID_REUSED",
+    )
 
 
 async def test_rotate_and_delete(vault) -> None:
     stub = vault.stub()
     await create(stub, bearer(), hosts(("a.example", 0)), credential_id="c")
     rotated = await stub.RotateCredential(
-        pb.RotateCredentialRequest(credential_id="c", secret=bearer(SECRET + "new")))
+        pb.RotateCredentialRequest(credential_id="c", secret=bearer(SECRET + "new"))
+    )
     assert rotated.credential.version == 2
     record = await vault.vault.store.get_credential("c")
     assert (SECRET + "new").encode() in vault.vault.keyring.open(record.sealed, "c", 2)
     await expect_error(
-        stub.RotateCredential(pb.RotateCredentialRequest(
-            credential_id="c", secret=pb.CredentialSecret(basic=pb.BasicSecret(password=SECRET)))),
-        grpc.StatusCode.INVALID_ARGUMENT, "CREDENTIAL_KIND_MISMATCH")
+        stub.RotateCredential(
+            pb.RotateCredentialRequest(
+                credential_id="c", secret=pb.CredentialSecret(basic=pb.BasicSecret(password=SECRET))
+            )
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "CREDENTIAL_KIND_MISMATCH",
+    )
     await expect_error(
         stub.RotateCredential(pb.RotateCredentialRequest(credential_id="nope", secret=bearer())),
-        grpc.StatusCode.NOT_FOUND, "CREDENTIAL_NOT_FOUND")
+        grpc.StatusCode.NOT_FOUND,
+        "CREDENTIAL_NOT_FOUND",
+    )
     await stub.DeleteCredential(pb.DeleteCredentialRequest(credential_id="c"))
-    await expect_error(stub.DeleteCredential(pb.DeleteCredentialRequest(credential_id="c")),
-                       grpc.StatusCode.NOT_FOUND, "CREDENTIAL_NOT_FOUND")
+    await expect_error(
+        stub.DeleteCredential(pb.DeleteCredentialRequest(credential_id="c")),
+        grpc.StatusCode.NOT_FOUND,
+        "CREDENTIAL_NOT_FOUND",
+    )
     await expect_error(issue(stub, "s", "c"), grpc.StatusCode.NOT_FOUND, "CREDENTIAL_NOT_FOUND")
 
 
@@ -171,8 +225,11 @@ async def test_list_pages_and_foreign_page_token(vault) -> None:
         if not token:
             break
     assert seen == ids
-    await expect_error(stub.ListCredentials(pb.ListCredentialsRequest(page_token="forged")),
-                       grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN")
+    await expect_error(
+        stub.ListCredentials(pb.ListCredentialsRequest(page_token="forged")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_PAGE_TOKEN",
+    )
 
 
 async def test_key_from_environment_cannot_rotate(tmp_path) -> None:

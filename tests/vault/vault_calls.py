@@ -15,10 +15,18 @@ def hosts(*specs: tuple[str, int]) -> list[pb.AllowedHost]:
     return [pb.AllowedHost(host=h, port=p) for h, p in specs]
 
 
-async def create(stub: Any, secret: pb.CredentialSecret, allowed: list[pb.AllowedHost],
-                 credential_id: str = "", **kw: Any) -> pb.Credential:
-    response = await stub.CreateCredential(pb.CreateCredentialRequest(
-        credential_id=credential_id, allowed_hosts=allowed, secret=secret, **kw))
+async def create(
+    stub: Any,
+    secret: pb.CredentialSecret,
+    allowed: list[pb.AllowedHost],
+    credential_id: str = "",
+    **kw: Any,
+) -> pb.Credential:
+    response = await stub.CreateCredential(
+        pb.CreateCredentialRequest(
+            credential_id=credential_id, allowed_hosts=allowed, secret=secret, **kw
+        )
+    )
     return response.credential
 
 
@@ -29,25 +37,35 @@ async def issue(stub: Any, session_id: str, *credential_ids: str, ttl: float = 0
     return (await stub.IssueSessionToken(request)).session_token
 
 
-def http(url: str, method: str = "GET", headers: dict[str, str] | None = None,
-         body: bytes = b"") -> pb.HttpRequest:
-    return pb.HttpRequest(method=method, url=url, body=body,
-                          headers=[pb.HttpHeader(name=k, value=v) for k, v in (headers or {}).items()])
+def http(
+    url: str, method: str = "GET", headers: dict[str, str] | None = None, body: bytes = b""
+) -> pb.HttpRequest:
+    return pb.HttpRequest(
+        method=method,
+        url=url,
+        body=body,
+        headers=[pb.HttpHeader(name=k, value=v) for k, v in (headers or {}).items()],
+    )
 
 
 async def proxy(stub: Any, token: str, credential_id: str, url: str, **kw: Any) -> pb.ProxyResponse:
     timeout = kw.pop("timeout", None)
-    request = pb.ProxyRequest(session_token=token, credential_id=credential_id,
-                              request=http(url, **kw))
+    request = pb.ProxyRequest(
+        session_token=token, credential_id=credential_id, request=http(url, **kw)
+    )
     if timeout:
         request.timeout.CopyFrom(Duration(seconds=int(timeout), nanos=int((timeout % 1) * 1e9)))
     return await stub.Proxy(request)
 
 
-async def proxy_stream(stub: Any, token: str, credential_id: str, url: str,
-                       **kw: Any) -> tuple[pb.ResponseHead, list[bytes]]:
-    call = stub.ProxyStream(pb.ProxyStreamRequest(session_token=token, credential_id=credential_id,
-                                                  request=http(url, **kw)))
+async def proxy_stream(
+    stub: Any, token: str, credential_id: str, url: str, **kw: Any
+) -> tuple[pb.ResponseHead, list[bytes]]:
+    call = stub.ProxyStream(
+        pb.ProxyStreamRequest(
+            session_token=token, credential_id=credential_id, request=http(url, **kw)
+        )
+    )
     head = None
     chunks: list[bytes] = []
     async for message in call:

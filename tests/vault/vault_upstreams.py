@@ -10,6 +10,7 @@ import base64
 import gzip
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -20,8 +21,13 @@ from urllib.parse import quote, quote_plus
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
-from starlette.responses import StreamingResponse
+from starlette.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 
 
@@ -29,8 +35,9 @@ class LoopbackServer:
     """A uvicorn server for `app` on 127.0.0.1 and a free port, in the running event loop."""
 
     def __init__(self, app: object) -> None:
-        self.config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                     lifespan="auto", access_log=False)
+        self.config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="auto", access_log=False
+        )
         self.server = uvicorn.Server(self.config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.task: asyncio.Task[None] | None = None
@@ -57,6 +64,8 @@ class LoopbackServer:
 
 def secret_of(request: Request) -> str:
     """The secret the vault injected, whatever the credential kind."""
+    if "x-api-key" in request.headers:
+        return request.headers["x-api-key"]
     auth = request.headers.get("authorization", "")
     if auth.startswith("Bearer "):
         return auth.removeprefix("Bearer ")
@@ -75,7 +84,7 @@ def echo_forms(secret: str) -> dict[str, str]:
         forms[f"base64url_{i}"] = base64.urlsafe_b64encode(prefix + raw).decode()
     forms["basic_header"] = base64.b64encode(b"someone:" + raw).decode()
     forms["url"] = quote(secret, safe="")
-    forms["url_lower"] = quote(secret, safe="").lower() if "%" in quote(secret, safe="") else ""
+    forms["url_lower"] = re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), forms["url"])
     forms["url_plus"] = quote_plus(secret)
     forms["json"] = json.dumps(secret)[1:-1]
     return {k: v for k, v in forms.items() if v}
@@ -88,8 +97,11 @@ async def forms(request: Request) -> Response:
     secret = secret_of(request)
     found = echo_forms(secret)
     # One JSON document holding each form inside a string, plus the raw forms after it.
-    body = (json.dumps({"marker": MARKER, "json_inside": secret, **found}) + "\n"
-            + "\n".join(f"{k}={v}" for k, v in found.items())).encode()
+    body = (
+        json.dumps({"marker": MARKER, "json_inside": secret, **found})
+        + "\n"
+        + "\n".join(f"{k}={v}" for k, v in found.items())
+    ).encode()
     headers = {
         "X-Echo": secret,
         "X-Echo-B64": base64.b64encode(secret.encode()).decode(),
@@ -123,8 +135,9 @@ async def stream(request: Request) -> Response:
             for i in range(0, len(compressed), 7):
                 yield compressed[i : i + 7]
 
-        return StreamingResponse(gz_chunks(), media_type="text/event-stream",
-                                 headers={"Content-Encoding": "gzip"})
+        return StreamingResponse(
+            gz_chunks(), media_type="text/event-stream", headers={"Content-Encoding": "gzip"}
+        )
     return StreamingResponse(chunks(), media_type="text/event-stream")
 
 
@@ -132,10 +145,16 @@ async def whoami(request: Request) -> Response:
     expected = request.app.state.expected
     if secret_of(request) != expected:
         return PlainTextResponse("who are you?", status_code=401)
-    return JSONResponse({"ok": True, "method": request.method,
-                         "body": (await request.body()).decode(),
-                         "headers": {k: v for k, v in request.headers.items()
-                                     if k not in ("authorization", "x-api-key")}})
+    return JSONResponse(
+        {
+            "ok": True,
+            "method": request.method,
+            "body": (await request.body()).decode(),
+            "headers": {
+                k: v for k, v in request.headers.items() if k not in ("authorization", "x-api-key")
+            },
+        }
+    )
 
 
 async def big(request: Request) -> Response:
@@ -162,14 +181,16 @@ async def redirect(request: Request) -> Response:
 
 
 def echo_app(expected_secret: str = "") -> Starlette:
-    app = Starlette(routes=[
-        Route("/forms", forms, methods=["GET", "POST"]),
-        Route("/stream", stream),
-        Route("/whoami", whoami, methods=["GET", "POST", "PUT"]),
-        Route("/big", big),
-        Route("/slow", slow),
-        Route("/redirect", redirect),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/forms", forms, methods=["GET", "POST"]),
+            Route("/stream", stream),
+            Route("/whoami", whoami, methods=["GET", "POST", "PUT"]),
+            Route("/big", big),
+            Route("/slow", slow),
+            Route("/redirect", redirect),
+        ]
+    )
     app.state.expected = expected_secret
     return app
 
@@ -206,25 +227,36 @@ class OAuthProvider:
         async def token(request: Request) -> Response:
             form = await request.form()
             auth = request.headers.get("authorization", "")
-            expected_auth = "Basic " + base64.b64encode(
-                f"{self.client_id}:{self.client_secret}".encode()).decode()
-            if (form.get("grant_type") != "refresh_token"
-                    or form.get("refresh_token") != self.refresh_token or auth != expected_auth):
+            expected_auth = (
+                "Basic "
+                + base64.b64encode(f"{self.client_id}:{self.client_secret}".encode()).decode()
+            )
+            if (
+                form.get("grant_type") != "refresh_token"
+                or form.get("refresh_token") != self.refresh_token
+                or auth != expected_auth
+            ):
                 return JSONResponse({"error": "invalid_grant"}, status_code=400)
             self.refreshes += 1
             self.rotate_access()
             self.refresh_token = "rt-" + secrets.token_urlsafe(16)
-            return JSONResponse({"access_token": self.access_token, "token_type": "Bearer",
-                                 "expires_in": self.expires_in,
-                                 "refresh_token": self.refresh_token})
+            return JSONResponse(
+                {
+                    "access_token": self.access_token,
+                    "token_type": "Bearer",
+                    "expires_in": self.expires_in,
+                    "refresh_token": self.refresh_token,
+                }
+            )
 
         async def resource(request: Request) -> Response:
             if request.headers.get("authorization") != f"Bearer {self.access_token}":
                 return PlainTextResponse("bad token", status_code=401)
             return JSONResponse({"resource": "ok", "echo": self.access_token})
 
-        return Starlette(routes=[Route("/token", token, methods=["POST"]),
-                                 Route("/resource", resource)])
+        return Starlette(
+            routes=[Route("/token", token, methods=["POST"]), Route("/resource", resource)]
+        )
 
 
 def git_server_app(project_root: Path, username: str, token: str) -> Starlette:
@@ -233,8 +265,11 @@ def git_server_app(project_root: Path, username: str, token: str) -> Starlette:
 
     async def backend(request: Request) -> Response:
         if request.headers.get("authorization") != expected:
-            return PlainTextResponse("authentication required", status_code=401,
-                                     headers={"WWW-Authenticate": 'Basic realm="git"'})
+            return PlainTextResponse(
+                "authentication required",
+                status_code=401,
+                headers={"WWW-Authenticate": 'Basic realm="git"'},
+            )
         body = await request.body()
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -254,10 +289,14 @@ def git_server_app(project_root: Path, username: str, token: str) -> Starlette:
         if request.headers.get("git-protocol"):
             env["HTTP_GIT_PROTOCOL"] = request.headers["git-protocol"]
         process = await asyncio.create_subprocess_exec(
-            "git", "http-backend", env=env, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            "git",
+            "http-backend",
+            env=env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await process.communicate(body)
+        out, _ = await process.communicate(body)
         head, _, payload = out.partition(b"\r\n\r\n")
         status = 200
         headers: dict[str, str] = {}
@@ -278,9 +317,15 @@ def make_bare_repository(root: Path, name: str, files: dict[str, str]) -> Path:
 
     work = root / f"{name}-work"
     work.mkdir(parents=True)
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
-           "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(root)}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "HOME": str(root),
+    }
     subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True, env=env)
     for path, text in files.items():
         (work / path).parent.mkdir(parents=True, exist_ok=True)
