@@ -286,3 +286,44 @@ async def test_threaded_server_serves_sync_clients() -> None:
         message = sync_client.messages.create(model=MODEL, max_tokens=10, messages=[user("hi")])
         assert message.content[0].text == "Hello! How can I help?"
         sync_client.close()
+
+
+async def test_mid_stream_error_event() -> None:
+    scripts = {
+        "name": "midway",
+        "turns": [
+            {
+                "text": "A long answer that will be interrupted the first time.",
+                "fail": {
+                    "error": {"status": 529, "type": "overloaded_error", "message": "Overloaded"},
+                    "mid_stream": True,
+                },
+            }
+        ],
+    }
+    server = await start_model_server(scripts)
+    try:
+        async with anthropic.AsyncAnthropic(
+            base_url=server.base_url, api_key="k", max_retries=0
+        ) as c:
+            received: list[str] = []
+            with pytest.raises(anthropic.APIStatusError) as caught:
+                async with c.messages.stream(
+                    model=MODEL, max_tokens=100, messages=[user("a")]
+                ) as stream:
+                    async for text in stream.text_stream:
+                        received.append(text)
+            assert caught.value.body["error"]["type"] == "overloaded_error"
+            assert (
+                received
+                and "".join(received) != "A long answer that will be interrupted the first time."
+            )
+            assert server.served() == []
+            async with c.messages.stream(
+                model=MODEL, max_tokens=100, messages=[user("a")]
+            ) as stream:
+                final = await stream.get_final_message()
+            assert final.content[0].text == "A long answer that will be interrupted the first time."
+            assert len(server.served()) == 1
+    finally:
+        await server.stop()

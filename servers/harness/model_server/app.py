@@ -175,8 +175,12 @@ def _sse(event: str, data: Mapping[str, Any]) -> bytes:
 
 
 async def _stream_events(
-    message: dict[str, Any], usage: dict[str, Any], delta_delay_ms: float
+    message: dict[str, Any],
+    usage: dict[str, Any],
+    delta_delay_ms: float,
+    fail_with: Failure | None = None,
 ) -> AsyncIterator[bytes]:
+    """The SSE body; with `fail_with`, an `error` event replaces the rest after the first delta."""
     start_usage = {**usage, "output_tokens": 1}
     yield _sse(
         "message_start",
@@ -218,6 +222,10 @@ async def _stream_events(
                 "content_block_delta",
                 {"type": "content_block_delta", "index": index, "delta": delta},
             )
+            if fail_with is not None:
+                error = {"type": fail_with.type, "message": fail_with.message}
+                yield _sse("error", {"type": "error", "error": error})
+                return
         yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
     delta_usage = {
         k: usage[k]
@@ -296,8 +304,9 @@ def build_app(state: ServerState) -> Starlette:
         delay_ms = turn.ttft_ms if turn.ttft_ms is not None else state.ttft.sample_ms()
         if delay_ms > 0:
             await asyncio.sleep(delay_ms / 1000)
+        stream = bool(body.get("stream"))
         failure = state.next_failure(script, key, turn_no)
-        if failure is not None:
+        if failure is not None and not (stream and failure.mid_stream):
             return _error_response(
                 ApiError(
                     failure.status, failure.type, failure.message, retry_after=failure.retry_after
@@ -316,16 +325,16 @@ def build_app(state: ServerState) -> Starlette:
             "stop_sequence": None,
             "usage": usage,
         }
-        stream = bool(body.get("stream"))
-        with state._lock:
-            state.served.append(
-                {"script": script.name, "turn": turn_no, "conversation": key, "stream": stream}
-            )
+        if failure is None:
+            with state._lock:
+                state.served.append(
+                    {"script": script.name, "turn": turn_no, "conversation": key, "stream": stream}
+                )
         headers = {"request-id": request_id}
         if not stream:
             return JSONResponse(message, headers=headers)
         return StreamingResponse(
-            _stream_events(message, usage, state.delta_delay_ms),
+            _stream_events(message, usage, state.delta_delay_ms, failure),
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )

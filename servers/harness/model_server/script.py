@@ -20,7 +20,11 @@ A turn is an object::
       "ttft_ms": 250,               # optional; this turn's time to first token, overrides the server's
       "fail": {"error": {"status": 529, "type": "overloaded_error"}, "times": 2}
                                     # optional (object or list): answer the first `times` requests
-                                    # for this turn of a conversation with this error, then serve it
+                                    # for this turn of a conversation with this error, then serve it.
+                                    # Optional in a failure: "retry_after": SECONDS (header), and
+                                    # "mid_stream": true (a streaming request gets the start of the
+                                    # reply and then an SSE `error` event, as the real API does
+                                    # when it overloads mid-reply)
     }
 
 The shorthand `"text": "..."` stands for a single text block.
@@ -65,6 +69,7 @@ class Failure:
     message: str
     times: int = 1
     retry_after: float | None = None
+    mid_stream: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,7 +187,12 @@ def _parse_failure(raw: Any, where: str) -> Failure:
         raise ScriptError(f"{where}: status must be 400-599 and times >= 0")
     retry_after = raw.get("retry_after")
     return Failure(
-        status, kind, message, times, float(retry_after) if retry_after is not None else None
+        status,
+        kind,
+        message,
+        times,
+        float(retry_after) if retry_after is not None else None,
+        bool(raw.get("mid_stream", False)),
     )
 
 
