@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                 await run_prompt(
                     stack.info,
                     PROMPT,
-                    model="claude-sonnet-4-5",
+                    model="claude-sonnet-4-6",
                     system="You are a careful software agent. [script:demo]",
                     renderer=renderer,
                     timeout_seconds=300,

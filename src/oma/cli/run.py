@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_MODEL = "claude-sonnet-4-6"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
