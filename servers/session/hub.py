@@ -32,18 +32,21 @@ class Watcher:
     """One live reader's bounded buffer. `get()` returns the next item, or None when the
     reader must resynchronize from storage (something was dropped)."""
 
-    def __init__(self, key: str, capacity: int) -> None:
+    def __init__(self, key: str, capacity: int, hub: Hub | None = None) -> None:
         self.key = key
         self.capacity = capacity
+        self.hub = hub
         self.resync = False
         self._items: deque[Any] = deque()
         self._ready = asyncio.Event()
 
     def offer(self, item: Any, *, droppable: bool = False) -> None:
         if len(self._items) >= self.capacity:
-            if not droppable:
+            if not droppable and not self.resync:
                 self.resync = True
                 self._ready.set()
+                if self.hub is not None:
+                    self.hub.overflows += 1
             return
         self._items.append(item)
         self._ready.set()
@@ -77,6 +80,7 @@ class Hub:
         self._tasks: list[asyncio.Task[None]] = []
         self._listen_conn: Any = None
         self._closed = False
+        self.overflows = 0  # times a watcher's buffer overflowed (it then reread storage)
         store.add_listener(self._on_local_change)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -136,12 +140,12 @@ class Hub:
     # -- subscriptions ------------------------------------------------------------------------
 
     def watch_events(self, session_id: str) -> Watcher:
-        watcher = Watcher(session_id, self.capacity)
+        watcher = Watcher(session_id, self.capacity, self)
         self._event_watchers.setdefault(session_id, set()).add(watcher)
         return watcher
 
     def watch_pending(self) -> Watcher:
-        watcher = Watcher("", self.capacity)
+        watcher = Watcher("", self.capacity, self)
         self._pending_watchers.add(watcher)
         return watcher
 
