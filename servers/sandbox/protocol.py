@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from oma.servers.sandbox.model import ExecutionResult, SandboxError, StreamEvent
 
 FRAME = struct.Struct(">I")
 _READ_LIMIT = 1 << 24
+_MAX_SOCKET_PATH = 100
 
 
 class ExecutorUnreachable(Exception):
@@ -30,10 +32,20 @@ class ExecutorClient:
         self.socket_path = socket_path
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        path = str(self.socket_path)
+        directory_fd = -1
         try:
-            return await asyncio.open_unix_connection(str(self.socket_path), limit=_READ_LIMIT)
+            if len(path.encode()) > _MAX_SOCKET_PATH:
+                # Unix socket paths are limited to ~108 bytes; a deep data directory is reached
+                # through a short /proc alias of an open descriptor of its directory.
+                directory_fd = os.open(self.socket_path.parent, os.O_PATH | os.O_DIRECTORY)
+                path = f"/proc/self/fd/{directory_fd}/{self.socket_path.name}"
+            return await asyncio.open_unix_connection(path, limit=_READ_LIMIT)
         except OSError as error:
             raise ExecutorUnreachable(f"executor socket {self.socket_path}: {error}") from error
+        finally:
+            if directory_fd >= 0:
+                os.close(directory_fd)
 
     async def _request(
         self, request: dict[str, Any]
