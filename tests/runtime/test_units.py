@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from oma.runtime import auth, paths, trace
-from oma.runtime._interceptor import authorize
+from oma.runtime._handlers import authorize
 from oma.runtime.auth import MethodRule, TokenTable, method_rule
 from oma.runtime.cli import add_server_arguments, announce, server_options_from_args
 from oma.runtime.errors import OmaError, error_info

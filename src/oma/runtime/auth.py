@@ -22,7 +22,6 @@ import os
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from google.protobuf import descriptor_pool
@@ -145,11 +144,12 @@ class MethodRule:
         return ", ".join(ordered)
 
 
-@lru_cache(maxsize=4096)
 def method_rule(full_method: str) -> MethodRule:
     """The auth rule of `/package.Service/Method`, read from the default descriptor pool.
 
-    A method the pool does not know, or one without an `auth` option, is admin-only.
+    A method the pool does not know, or one without an `auth` option, is admin-only. The
+    server reads each rule once, when the method is registered (its `_pb2` is imported by
+    then); results are not cached here, so an early lookup cannot pin a wrong answer.
     """
     name = full_method.lstrip("/").replace("/", ".")
     try:

@@ -1,6 +1,6 @@
 """Channels to OMA servers: bearer token, W3C trace context, TLS/mTLS, limits, keepalive.
 
-`connect(address, token=..., tls=None)` returns a `grpc.aio.Channel` whose every call
+`connect(address, token=..., tls=None)` returns a `grpc.aio.Channel` (an `OmaChannel`) whose every call
 carries `authorization: Bearer <token>` (when a token is given) and a `traceparent` that
 continues the current trace (`oma.runtime.trace`) — inside a server handler that is the
 caller's trace, so a chain of OMA calls shares one trace id ([COMMON-TRACE-001]).
@@ -42,55 +42,127 @@ class ClientTls:
         )
 
 
-def _with_metadata(details: aio.ClientCallDetails, token: str | None) -> aio.ClientCallDetails:
-    metadata = aio.Metadata(*(details.metadata or ()))
-    # A traceparent the caller put on this call by hand wins over the contextvar.
-    if trace.TRACEPARENT not in metadata:
-        ctx = trace.outgoing()
-        metadata.add(trace.TRACEPARENT, ctx.traceparent)
-        if ctx.tracestate and trace.TRACESTATE not in metadata:
-            metadata.add(trace.TRACESTATE, ctx.tracestate)
-    if token is not None and "authorization" not in metadata:
-        metadata.add("authorization", f"Bearer {token}")
-    return aio.ClientCallDetails(
-        method=details.method,
-        timeout=details.timeout,
-        metadata=metadata,
-        credentials=details.credentials,
-        wait_for_ready=details.wait_for_ready,
-    )
+class _Outgoing:
+    """Adds the bearer token and trace context to one call's metadata.
 
+    Runs synchronously when a stub method is called, i.e. in the caller's context, which is
+    what makes `trace.current()` (a contextvar) visible here.
+    """
 
-class _UnaryUnary(aio.UnaryUnaryClientInterceptor):
     def __init__(self, token: str | None) -> None:
-        self._token = token
+        self._auth = f"Bearer {token}" if token is not None else None
 
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(_with_metadata(details, self._token), request)
-
-
-class _UnaryStream(aio.UnaryStreamClientInterceptor):
-    def __init__(self, token: str | None) -> None:
-        self._token = token
-
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(_with_metadata(details, self._token), request)
-
-
-class _StreamUnary(aio.StreamUnaryClientInterceptor):
-    def __init__(self, token: str | None) -> None:
-        self._token = token
-
-    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(_with_metadata(details, self._token), requests)
+    def __call__(self, metadata: Any) -> tuple[tuple[str, str | bytes], ...]:
+        pairs: list[tuple[str, str | bytes]] = list(metadata or ())
+        keys = {key for key, _ in pairs}
+        # A traceparent or authorization the caller put on this call by hand wins.
+        if trace.TRACEPARENT not in keys:
+            ctx = trace.outgoing()
+            pairs.append((trace.TRACEPARENT, ctx.traceparent))
+            if ctx.tracestate and trace.TRACESTATE not in keys:
+                pairs.append((trace.TRACESTATE, ctx.tracestate))
+        if self._auth is not None and "authorization" not in keys:
+            pairs.append(("authorization", self._auth))
+        return tuple(pairs)
 
 
-class _StreamStream(aio.StreamStreamClientInterceptor):
-    def __init__(self, token: str | None) -> None:
-        self._token = token
+class _UnaryUnary(aio.UnaryUnaryMultiCallable):
+    def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
+        self._inner = inner
+        self._outgoing = outgoing
 
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(_with_metadata(details, self._token), requests)
+    def __call__(  # type: ignore[override]
+        self, request: Any, *, metadata: Any = None, **kwargs: Any
+    ) -> Any:
+        return self._inner(request, metadata=self._outgoing(metadata), **kwargs)
+
+
+class _UnaryStream(aio.UnaryStreamMultiCallable):
+    def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
+        self._inner = inner
+        self._outgoing = outgoing
+
+    def __call__(  # type: ignore[override]
+        self, request: Any, *, metadata: Any = None, **kwargs: Any
+    ) -> Any:
+        return self._inner(request, metadata=self._outgoing(metadata), **kwargs)
+
+
+class _StreamUnary(aio.StreamUnaryMultiCallable):
+    def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
+        self._inner = inner
+        self._outgoing = outgoing
+
+    def __call__(  # type: ignore[override]
+        self,
+        request_iterator: Any = None,
+        timeout: float | None = None,
+        metadata: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        return self._inner(
+            request_iterator, timeout=timeout, metadata=self._outgoing(metadata), **kwargs
+        )
+
+
+class _StreamStream(aio.StreamStreamMultiCallable):
+    def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
+        self._inner = inner
+        self._outgoing = outgoing
+
+    def __call__(  # type: ignore[override]
+        self,
+        request_iterator: Any = None,
+        timeout: float | None = None,
+        metadata: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        return self._inner(
+            request_iterator, timeout=timeout, metadata=self._outgoing(metadata), **kwargs
+        )
+
+
+class OmaChannel(aio.Channel):
+    """A `grpc.aio.Channel` whose calls carry the bearer token and trace context.
+
+    It wraps each multi-callable rather than using client interceptors: the metadata is
+    added when the stub is called, and the call objects returned are gRPC's own, at no
+    extra per-call task.
+    """
+
+    def __init__(self, inner: aio.Channel, token: str | None) -> None:
+        self.inner = inner
+        self._outgoing = _Outgoing(token)
+
+    async def __aenter__(self) -> OmaChannel:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.inner.close(None)
+
+    async def close(self, grace: float | None = None) -> None:
+        await self.inner.close(grace)
+
+    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
+        return self.inner.get_state(try_to_connect)
+
+    async def wait_for_state_change(self, last_observed_state: grpc.ChannelConnectivity) -> None:
+        await self.inner.wait_for_state_change(last_observed_state)
+
+    async def channel_ready(self) -> None:
+        await self.inner.channel_ready()
+
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _UnaryUnary(self.inner.unary_unary(method, *args, **kwargs), self._outgoing)
+
+    def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _UnaryStream(self.inner.unary_stream(method, *args, **kwargs), self._outgoing)
+
+    def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _StreamUnary(self.inner.stream_unary(method, *args, **kwargs), self._outgoing)
+
+    def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _StreamStream(self.inner.stream_stream(method, *args, **kwargs), self._outgoing)
 
 
 def channel_options(
@@ -115,7 +187,7 @@ def connect(
     tls: ClientTls | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     options: Sequence[tuple[str, Any]] = (),
-) -> aio.Channel:
+) -> OmaChannel:
     """An async channel to `address` that sends `token` and trace context on every call.
 
     Call it inside a running event loop (a `grpc.aio` channel binds to the loop it is
@@ -124,15 +196,8 @@ def connect(
     args = channel_options(max_message_bytes) + list(options)
     if tls is not None and tls.server_name:
         args.append(("grpc.ssl_target_name_override", tls.server_name))
-    # One object per call kind: aio files each interceptor under the first kind it matches.
-    interceptors: Any = [
-        _UnaryUnary(token),
-        _UnaryStream(token),
-        _StreamUnary(token),
-        _StreamStream(token),
-    ]
     if tls is not None:
-        return aio.secure_channel(
-            address, tls.credentials(), options=args, interceptors=interceptors
-        )
-    return aio.insecure_channel(address, options=args, interceptors=interceptors)
+        inner = aio.secure_channel(address, tls.credentials(), options=args)
+    else:
+        inner = aio.insecure_channel(address, options=args)
+    return OmaChannel(inner, token)

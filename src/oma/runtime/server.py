@@ -42,7 +42,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 from grpc_reflection.v1alpha import reflection
 
-from oma.runtime._interceptor import CallTracker, ServerInterceptor, current_tracker
+from oma.runtime._handlers import CallTracker, HandlerWrapper, Registrar, current_tracker
 from oma.runtime.auth import TokenTable
 
 logger = logging.getLogger("oma.runtime")
@@ -255,12 +255,11 @@ async def start_server(services: Sequence[Service], options: ServerOptions) -> R
     """Build, bind and start a server for `services`; raises OSError if it cannot listen."""
     _check_service_names(services)
     tracker = CallTracker()
-    server = aio.server(
-        interceptors=[ServerInterceptor(options.tokens, tracker)],
-        options=options.channel_args(),
-    )
+    server = aio.server(options=options.channel_args())
+    registrar = Registrar(server, HandlerWrapper(options.tokens, tracker))
     for service in services:
-        service.add_to_server(service.servicer, server)
+        # The registrar wraps each method handler; the generated function cannot tell.
+        service.add_to_server(service.servicer, registrar)  # type: ignore[arg-type]
 
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -1,8 +1,10 @@
-"""The server interceptor: per call it authorizes, installs trace and role context, tracks
-the call for graceful shutdown, and turns exceptions into statuses.
+"""The per-call wrapper of every OMA method handler: it authorizes, installs trace and role
+context, tracks the call for graceful shutdown, and turns exceptions into statuses.
 
-Each OMA method's handler is wrapped (health and reflection are passed through untouched,
-[COMMON-AUTH-002]). Response streams are always driven by the wrapper itself with
+Handlers are wrapped once, when a service registers itself (`Registrar` stands in for the
+server in the generated `add_*Servicer_to_server`), rather than by a gRPC interceptor on
+every call: the wrapper is then the only per-call cost. Health and reflection are
+registered on the server directly and never wrapped ([COMMON-AUTH-002]). Response streams are always driven by the wrapper itself with
 `context.write`, so every await of a stream — in the servicer's generator or in the write —
 happens inside the wrapper, which is what lets shutdown end an open stream with a proper
 `UNAVAILABLE` status instead of a bare cancellation.
@@ -15,7 +17,7 @@ import contextvars
 import inspect
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -25,12 +27,6 @@ from oma.runtime import auth, trace
 from oma.runtime.errors import OmaError, shutting_down_error
 
 logger = logging.getLogger("oma.runtime")
-
-EXEMPT_PREFIXES = (
-    "/grpc.health.v1.Health/",
-    "/grpc.reflection.v1alpha.ServerReflection/",
-    "/grpc.reflection.v1.ServerReflection/",
-)
 
 
 class CallTracker:
@@ -159,37 +155,31 @@ async def _abort_unimplemented(context: aio.ServicerContext[Any, Any], method: s
 Behavior = Callable[..., Any]
 
 
-class ServerInterceptor(aio.ServerInterceptor):
+class HandlerWrapper:
+    """Wraps method handlers of one server with auth, context, tracking and error mapping."""
+
     def __init__(self, tokens: auth.TokenTable, tracker: CallTracker) -> None:
         self._tokens = tokens
         self._tracker = tracker
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method.startswith(EXEMPT_PREFIXES):
-            return handler
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         rule = auth.method_rule(method)
         if handler.response_streaming:
             if handler.request_streaming:
-                wrapped = self._stream_response(handler.stream_stream, rule)
+                wrapped = self._wrap(handler.stream_stream, rule, streaming=True)
                 return grpc.stream_stream_rpc_method_handler(
                     wrapped, handler.request_deserializer, handler.response_serializer
                 )
-            wrapped = self._stream_response(handler.unary_stream, rule)
+            wrapped = self._wrap(handler.unary_stream, rule, streaming=True)
             return grpc.unary_stream_rpc_method_handler(
                 wrapped, handler.request_deserializer, handler.response_serializer
             )
         if handler.request_streaming:
-            wrapped = self._unary_response(handler.stream_unary, rule)
+            wrapped = self._wrap(handler.stream_unary, rule, streaming=False)
             return grpc.stream_unary_rpc_method_handler(
                 wrapped, handler.request_deserializer, handler.response_serializer
             )
-        wrapped = self._unary_response(handler.unary_unary, rule)
+        wrapped = self._wrap(handler.unary_unary, rule, streaming=False)
         return grpc.unary_unary_rpc_method_handler(
             wrapped, handler.request_deserializer, handler.response_serializer
         )
@@ -203,12 +193,6 @@ class ServerInterceptor(aio.ServerInterceptor):
             raise shutting_down_error()
         role = authorize(rule, _bearer(metadata), self._tokens)
         auth._current_role.set(role)
-
-    def _unary_response(self, handler: Behavior | None, rule: auth.MethodRule) -> Behavior:
-        return self._wrap(handler, rule, streaming=False)
-
-    def _stream_response(self, handler: Behavior | None, rule: auth.MethodRule) -> Behavior:
-        return self._wrap(handler, rule, streaming=True)
 
     def _wrap(self, handler: Behavior | None, rule: auth.MethodRule, streaming: bool) -> Behavior:
         if handler is None:
@@ -269,3 +253,49 @@ async def _drive(responses: Any, context: aio.ServicerContext[Any, Any]) -> None
     elif responses is not None:
         for response in responses:
             await context.write(response)
+
+
+class _WrappedGeneric(grpc.GenericRpcHandler):
+    """A generic handler whose method handlers come out wrapped (once per method)."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler, wrapper: HandlerWrapper) -> None:
+        self._inner = inner
+        self._wrapper = wrapper
+        self._cache: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        cached = self._cache.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = (handler, self._wrapper.wrap(method, handler))
+            self._cache[method] = cached
+        return cached[1]
+
+
+class Registrar:
+    """Stands in for the `grpc.aio.Server` given to a generated `add_*Servicer_to_server`
+    function, so that every method handler it registers is wrapped."""
+
+    def __init__(self, server: aio.Server, wrapper: HandlerWrapper) -> None:
+        self._server = server
+        self._wrapper = wrapper
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(
+            tuple(_WrappedGeneric(handler, self._wrapper) for handler in handlers)
+        )
+
+    def add_registered_method_handlers(
+        self, service_name: str, method_handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        wrapped = {
+            name: self._wrapper.wrap(f"/{service_name}/{name}", handler)
+            for name, handler in method_handlers.items()
+        }
+        self._server.add_registered_method_handlers(service_name, wrapped)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
