@@ -134,6 +134,21 @@ def test_bad_scripts_are_refused_with_the_place(raw: Any, fragment: str) -> None
     assert fragment in str(caught.value)
 
 
+def test_yaml_script(tmp_path: Path) -> None:
+    pytest.importorskip("yaml", reason="YAML scripts are optional (PyYAML)")
+    path = tmp_path / "greeting.yaml"
+    path.write_text(
+        "- text: hello from YAML\n"
+        "- content:\n"
+        "  - {type: tool_use, name: bash, input: {command: ls}}\n"
+    )
+    book = load_script_file(path)
+    assert book.default == "greeting"
+    turns = book.scripts["greeting"].turns
+    assert turns[0].content[0]["text"] == "hello from YAML"
+    assert turns[1].stop_reason == "tool_use"
+
+
 def test_every_bundled_example_loads() -> None:
     examples = sorted(EXAMPLES_DIR.glob("*.json"))
     assert DEMO_SCRIPT in examples

@@ -133,6 +133,11 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], str]] = [
         "A maximum of 4 blocks with cache_control may be provided. Found 5.",
     ),
     (
+        "prefill ending in whitespace",
+        {"messages": [user("a"), assistant("The answer is ")]},
+        "final assistant content cannot end with trailing whitespace",
+    ),
+    (
         "empty text block",
         {"messages": [user([{"type": "text", "text": ""}])]},
         "text content blocks must be non-empty",

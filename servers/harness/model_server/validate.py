@@ -198,6 +198,10 @@ def _check_conversation(body: Mapping[str, Any]) -> None:
                 raise InvalidRequest(
                     f"messages.{i}.content.{j}: text content blocks must be non-empty"
                 )
+    final = _blocks(messages[last]["content"])
+    if messages[last]["role"] == "assistant" and final and final[-1].get("type") == "text":
+        if final[-1]["text"] != final[-1]["text"].rstrip():
+            raise InvalidRequest("final assistant content cannot end with trailing whitespace")
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
