@@ -7,9 +7,11 @@ Routes:
   `input_json_delta`, `thinking_delta` + `signature_delta`) / `content_block_stop`, then
   `message_delta` with the stop reason and usage, and `message_stop`);
 * `POST /v1/messages/count_tokens`: `{"input_tokens": N}` by the estimate in `cache.py`;
-* `GET /_oma/rejections`: every request refused so far (a list of
+* `GET /_oma/rejections`: every request refused with 400/401/404 so far (a list of
   `{"status", "type", "message", "path", "request_id"}`), so a test can assert that a
-  harness never sent a malformed request; `DELETE` clears it;
+  harness never sent a malformed request; `DELETE` clears it. Besides what the real API
+  refuses, two script mismatches land here too: a request past the script's last turn, and a
+  scripted `tool_use` of a tool the request does not declare;
 * `GET /_oma/served`: every turn served so far (`{"script", "turn", "conversation",
   "stream"}`), in order; `DELETE` clears it.
 
@@ -80,14 +82,14 @@ class ServerState:
     rejections: list[dict[str, Any]] = field(default_factory=list)
     served: list[dict[str, Any]] = field(default_factory=list)
     _failures_seen: dict[tuple[str, str, int], int] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def next_failure(self, script: Script, key: str, turn_no: int) -> Failure | None:
         """The scripted failure this request must get, if any (counts per conversation)."""
         failures = script.turns[turn_no].failures
         if not failures:
             return None
-        with self._lock:
+        with self.lock:
             seen = self._failures_seen.get((script.name, key, turn_no), 0)
             self._failures_seen[(script.name, key, turn_no)] = seen + 1
         for failure in failures:
@@ -247,12 +249,49 @@ async def _stream_events(
     yield _sse("message_stop", {"type": "message_stop"})
 
 
+def _choose_turn(book: ScriptBook, body: Mapping[str, Any]) -> tuple[Script, int]:
+    """The script and turn that answer this request; ApiError 400 when none does."""
+    script = book.select(body)
+    if script is None:
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            "no script answers this request: put [script:NAME] in the system prompt or start "
+            f"metadata.user_id with NAME (scripts: {', '.join(sorted(book.scripts))})",
+        )
+    turn_no = turn_index(body)
+    if turn_no >= len(script.turns):
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            f"script {script.name!r} has {len(script.turns)} turns but the request asks for "
+            f"turn {turn_no + 1} (it holds {turn_no} assistant messages)",
+        )
+    return script, turn_no
+
+
+def _check_tools_declared(
+    body: Mapping[str, Any], script: Script, turn_no: int, content: Iterable[Mapping[str, Any]]
+) -> None:
+    # A real model only calls tools it was offered; a scripted call to an undeclared tool
+    # means the client forgot to send its tools, which a test should hear about.
+    declared = sorted(str(t.get("name")) for t in body.get("tools") or [])
+    for block in content:
+        if block["type"] == "tool_use" and block["name"] not in declared:
+            raise ApiError(
+                400,
+                "invalid_request_error",
+                f"script {script.name!r} turn {turn_no} calls tool {block['name']!r}, which the "
+                f"request does not declare in `tools` ({', '.join(declared) or 'none'})",
+            )
+
+
 def build_app(state: ServerState) -> Starlette:
     """The Starlette application serving `state`."""
 
     def reject(request: Request, error: ApiError, request_id: str) -> JSONResponse:
         if error.status in (400, 401, 404):
-            with state._lock:
+            with state.lock:
                 state.rejections.append(
                     {
                         "status": error.status,
@@ -271,33 +310,10 @@ def build_app(state: ServerState) -> Starlette:
             body = await _read_body(request, "create")
             if state.models is not None and body["model"] not in state.models:
                 raise ApiError(404, "not_found_error", f"model: {body['model']}")
-            script = state.book.select(body)
-            if script is None:
-                raise ApiError(
-                    400,
-                    "invalid_request_error",
-                    "no script answers this request: put [script:NAME] in the system prompt "
-                    f"or start metadata.user_id with NAME (scripts: {', '.join(sorted(state.book.scripts))})",
-                )
-            turn_no = turn_index(body)
-            if turn_no >= len(script.turns):
-                raise ApiError(
-                    400,
-                    "invalid_request_error",
-                    f"script {script.name!r} has {len(script.turns)} turns but the request asks for "
-                    f"turn {turn_no + 1} (it holds {turn_no} assistant messages)",
-                )
+            script, turn_no = _choose_turn(state.book, body)
             key = conversation_key(body)
             content = render_content(script, turn_no, key)
-            declared = {t.get("name") for t in body.get("tools") or []}
-            for block in content:
-                if block["type"] == "tool_use" and block["name"] not in declared:
-                    raise ApiError(
-                        400,
-                        "invalid_request_error",
-                        f"script {script.name!r} turn {turn_no} calls tool {block['name']!r}, "
-                        f"which the request does not declare in `tools` ({', '.join(sorted(map(str, declared))) or 'none'})",
-                    )
+            _check_tools_declared(body, script, turn_no, content)
         except ApiError as error:
             return reject(request, error, request_id)
         turn = script.turns[turn_no]
@@ -326,7 +342,7 @@ def build_app(state: ServerState) -> Starlette:
             "usage": usage,
         }
         if failure is None:
-            with state._lock:
+            with state.lock:
                 state.served.append(
                     {"script": script.name, "turn": turn_no, "conversation": key, "stream": stream}
                 )
@@ -351,13 +367,13 @@ def build_app(state: ServerState) -> Starlette:
         )
 
     async def rejections(request: Request) -> Response:
-        with state._lock:
+        with state.lock:
             if request.method == "DELETE":
                 state.rejections.clear()
             return JSONResponse(list(state.rejections))
 
     async def served(request: Request) -> Response:
-        with state._lock:
+        with state.lock:
             if request.method == "DELETE":
                 state.served.clear()
             return JSONResponse(list(state.served))

@@ -73,12 +73,12 @@ class ModelServer:
 
     def rejections(self) -> list[dict[str, Any]]:
         """Requests refused so far (what `GET /_oma/rejections` returns)."""
-        with self.state._lock:
+        with self.state.lock:
             return list(self.state.rejections)
 
     def served(self) -> list[dict[str, Any]]:
         """Turns served so far (what `GET /_oma/served` returns)."""
-        with self.state._lock:
+        with self.state.lock:
             return list(self.state.served)
 
 
