@@ -1,0 +1,1 @@
+"""Example scripts for the scripted model server (shipped as package data: `DEMO_SCRIPT`)."""
