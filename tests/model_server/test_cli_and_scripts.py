@@ -135,7 +135,6 @@ def test_bad_scripts_are_refused_with_the_place(raw: Any, fragment: str) -> None
 
 
 def test_yaml_script(tmp_path: Path) -> None:
-    pytest.importorskip("yaml", reason="YAML scripts are optional (PyYAML)")
     path = tmp_path / "greeting.yaml"
     path.write_text(
         "- text: hello from YAML\n"
