@@ -1,70 +1,50 @@
-"""Opening the database: engines, durability settings, migrations.
+"""Opening the database: engines, durability settings, migrations, and how work runs on them.
 
-SQLite gets two engines on one file: a writer whose transactions start with `BEGIN IMMEDIATE`
-(so concurrent writers, even in other processes, queue on SQLite's write lock instead of
-failing at commit) and a reader for concurrent snapshot reads in WAL mode. PostgreSQL gets
-one pooled asyncpg engine. Both refuse to start unless acknowledged commits are durable
-(SQLite WAL + `synchronous=FULL`; PostgreSQL `synchronous_commit=on` and `fsync=on`).
+The store writes its transactions as plain synchronous SQLAlchemy Core functions
+(`fn(connection) -> result`) and hands them to `Database.write` / `Database.read`, which run
+each one as a single unit:
+
+- SQLite: a synchronous pysqlite engine, driven from the event loop through threads. All
+  writes run on one dedicated writer thread whose transactions start with `BEGIN IMMEDIATE`
+  (so writers in other processes queue on SQLite's lock instead of failing at commit); reads
+  run on a small pool of reader threads, concurrently with the writer (WAL). One thread hop per
+  transaction: an async driver would hop threads for every cursor call (about 20 per append).
+- PostgreSQL: the async asyncpg engine; the function runs through `AsyncConnection.run_sync`.
+
+Both refuse to start unless acknowledged commits are durable: SQLite WAL with
+`synchronous=FULL`, PostgreSQL `synchronous_commit=on` (set on every connection, so a database
+default of `off` cannot weaken it) with `fsync=on`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import event, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+T = TypeVar("T")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # Any constant: serializes concurrent start-ups migrating one PostgreSQL database.
 _MIGRATION_LOCK_KEY = 0x0A5E5510
+_READER_THREADS = 4
 
 
 class DurabilityError(RuntimeError):
-    """The database would acknowledge commits that a crash could lose; the server refuses to start."""
-
-
-@dataclass
-class Database:
-    """The engines of one session database and what kind it is."""
-
-    dialect: str  # "sqlite" or "postgresql"
-    url: URL
-    write_engine: AsyncEngine
-    read_engine: AsyncEngine
-
-    @property
-    def is_sqlite(self) -> bool:
-        return self.dialect == "sqlite"
-
-    def asyncpg_dsn(self) -> str:
-        """Plain libpq DSN for a raw asyncpg connection (LISTEN needs its own connection)."""
-        return self.url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-    async def durability_settings(self) -> dict[str, str]:
-        """The settings in force on a writing connection, read back from the database."""
-        async with self.write_engine.connect() as conn:
-            if self.is_sqlite:
-                journal = (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar_one()
-                sync = (await conn.exec_driver_sql("PRAGMA synchronous")).scalar_one()
-                return {"journal_mode": str(journal).lower(), "synchronous": str(sync)}
-            commit = (await conn.exec_driver_sql("SHOW synchronous_commit")).scalar_one()
-            fsync = (await conn.exec_driver_sql("SHOW fsync")).scalar_one()
-            return {"synchronous_commit": str(commit), "fsync": str(fsync)}
-
-    async def close(self) -> None:
-        await self.write_engine.dispose()
-        if self.read_engine is not self.write_engine:
-            await self.read_engine.dispose()
+    """The database would acknowledge commits that a crash could lose; refuse to start."""
 
 
 def normalize_url(url: str) -> URL:
     """Accept `sqlite:///path`, `sqlite+aiosqlite:///path`, `postgresql://...`,
     `postgresql+asyncpg://...` or a bare file path (a SQLite file)."""
     if "://" not in url:
-        return URL.create("sqlite+aiosqlite", database=str(Path(url).expanduser().resolve()))
+        return URL.create("sqlite", database=str(Path(url).expanduser().resolve()))
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
@@ -74,18 +54,22 @@ def normalize_url(url: str) -> URL:
                 "an in-memory SQLite database cannot be durable; give a file path, e.g. "
                 "sqlite:///var/lib/oma/sessions.db"
             )
-        return parsed.set(drivername="sqlite+aiosqlite")
+        return parsed.set(drivername="sqlite")
     if backend in ("postgresql", "postgres"):
         return parsed.set(drivername="postgresql+asyncpg")
     raise ValueError(f"unsupported database URL {url!r}: use a sqlite:/// or postgresql:// URL")
 
 
-def _sqlite_engine(url: URL, *, immediate: bool, pool_size: int) -> AsyncEngine:
-    engine = create_async_engine(
-        url, pool_size=pool_size, max_overflow=0, connect_args={"timeout": 30}
+def sqlite_engine(url: URL, *, immediate: bool, pool_size: int) -> Engine:
+    """A pysqlite engine with the session log's pragmas on every connection."""
+    engine = create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=0,
+        connect_args={"timeout": 30, "check_same_thread": False},
     )
 
-    @event.listens_for(engine.sync_engine, "connect")
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # The driver's implicit deferred BEGIN would let two writers both read the last seq
         # and then collide at commit; we issue BEGIN ourselves (see _on_begin).
@@ -96,52 +80,107 @@ def _sqlite_engine(url: URL, *, immediate: bool, pool_size: int) -> AsyncEngine:
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
 
 
-async def open_database(url: str, *, migrate: bool = True) -> Database:
-    """Open (and by default migrate) the database at `url`; raises DurabilityError when its
-    settings would make acknowledged writes losable."""
-    parsed = normalize_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database:
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        db = Database(
-            "sqlite",
-            parsed,
-            _sqlite_engine(parsed, immediate=True, pool_size=1),
-            _sqlite_engine(parsed, immediate=False, pool_size=8),
-        )
-    else:
-        engine = create_async_engine(
-            parsed,
-            pool_size=10,
-            max_overflow=20,
-            pool_pre_ping=False,
-            # Set per connection so a database or role default of `off` cannot weaken it.
-            connect_args={"server_settings": {"synchronous_commit": "on"}},
-        )
-        db = Database("postgresql", parsed, engine, engine)
-    try:
-        await check_durability(db)
-        if migrate:
-            await run_migrations(db)
-    except BaseException:
-        await db.close()
-        raise
-    return db
+class Database:
+    """One session database: where transactions run and what kind it is."""
+
+    def __init__(self, url: URL) -> None:
+        self.url = url
+        self.dialect = url.get_backend_name()
+        self._sqlite_writer: Engine | None = None
+        self._sqlite_reader: Engine | None = None
+        self._async_engine: AsyncEngine | None = None
+        self._write_thread: ThreadPoolExecutor | None = None
+        self._read_threads: ThreadPoolExecutor | None = None
+        if self.is_sqlite:
+            if url.database:
+                Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+            self._sqlite_writer = sqlite_engine(url, immediate=True, pool_size=1)
+            self._sqlite_reader = sqlite_engine(url, immediate=False, pool_size=_READER_THREADS)
+            self._write_thread = ThreadPoolExecutor(1, thread_name_prefix="oma-session-write")
+            self._read_threads = ThreadPoolExecutor(
+                _READER_THREADS, thread_name_prefix="oma-session-read"
+            )
+        else:
+            self._async_engine = create_async_engine(
+                url,
+                pool_size=10,
+                max_overflow=20,
+                connect_args={"server_settings": {"synchronous_commit": "on"}},
+            )
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
+
+    def asyncpg_dsn(self) -> str:
+        """Plain libpq DSN for a raw asyncpg connection (LISTEN needs its own connection)."""
+        return self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    async def write(self, fn: Callable[[Connection], T]) -> T:
+        """Run `fn` in one write transaction; committed when it returns, rolled back if it raises."""
+        if self._sqlite_writer is not None:
+            engine = self._sqlite_writer
+            return await asyncio.get_running_loop().run_in_executor(
+                self._write_thread, _in_transaction, engine, fn
+            )
+        assert self._async_engine is not None
+        async with self._async_engine.begin() as conn:
+            return await conn.run_sync(fn)
+
+    async def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run `fn` in one read transaction (a consistent snapshot)."""
+        if self._sqlite_reader is not None:
+            engine = self._sqlite_reader
+            return await asyncio.get_running_loop().run_in_executor(
+                self._read_threads, _in_transaction, engine, fn
+            )
+        assert self._async_engine is not None
+        async with self._async_engine.connect() as conn:
+            return await conn.run_sync(fn)
+
+    async def durability_settings(self) -> dict[str, str]:
+        """The settings in force on a writing connection, read back from the database."""
+        return await self.write(_settings)
+
+    async def close(self) -> None:
+        if self._async_engine is not None:
+            await self._async_engine.dispose()
+        for engine in (self._sqlite_writer, self._sqlite_reader):
+            if engine is not None:
+                engine.dispose()
+        for pool in (self._write_thread, self._read_threads):
+            if pool is not None:
+                pool.shutdown(wait=True)
 
 
-async def check_durability(db: Database) -> None:
-    settings = await db.durability_settings()
-    if db.is_sqlite:
+def _in_transaction(engine: Engine, fn: Callable[[Connection], T]) -> T:
+    with engine.begin() as conn:
+        return fn(conn)
+
+
+def _settings(conn: Connection) -> dict[str, str]:
+    if conn.dialect.name == "sqlite":
+        journal = conn.exec_driver_sql("PRAGMA journal_mode").scalar_one()
+        sync = conn.exec_driver_sql("PRAGMA synchronous").scalar_one()
+        return {"journal_mode": str(journal).lower(), "synchronous": str(sync)}
+    commit = conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+    fsync = conn.exec_driver_sql("SHOW fsync").scalar_one()
+    return {"synchronous_commit": str(commit), "fsync": str(fsync)}
+
+
+def check_settings(dialect: str, settings: dict[str, str], where: str = "") -> None:
+    """Raise DurabilityError unless `settings` make every acknowledged commit durable."""
+    if dialect == "sqlite":
         if settings["journal_mode"] != "wal" or settings["synchronous"] != "2":
             raise DurabilityError(
-                f"SQLite at {db.url.database} runs with journal_mode={settings['journal_mode']} "
+                f"SQLite {where} runs with journal_mode={settings['journal_mode']} "
                 f"synchronous={settings['synchronous']}; the session log needs WAL and "
                 "synchronous=FULL (2) (is the file on a filesystem without shared memory?)"
             )
@@ -153,22 +192,29 @@ async def check_durability(db: Database) -> None:
         )
 
 
+async def open_database(url: str, *, migrate: bool = True) -> Database:
+    """Open (and by default migrate) the database at `url`; raises DurabilityError when its
+    settings would make acknowledged writes losable."""
+    db = Database(normalize_url(url))
+    try:
+        check_settings(db.dialect, await db.durability_settings(), str(db.url.database))
+        if migrate:
+            await db.write(_upgrade)
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
 def _upgrade(connection: Connection) -> None:
+    """Bring the schema to the latest Alembic revision (idempotent; safe for concurrent
+    start-ups: PostgreSQL takes an advisory lock, SQLite's BEGIN IMMEDIATE serializes)."""
     from alembic import command
     from alembic.config import Config
 
+    if connection.dialect.name != "sqlite":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.attributes["connection"] = connection
     command.upgrade(config, "head")
-
-
-async def run_migrations(db: Database) -> None:
-    """Bring the schema to the latest Alembic revision (idempotent; safe for concurrent
-    start-ups: PostgreSQL takes an advisory lock, SQLite's BEGIN IMMEDIATE serializes)."""
-    async with db.write_engine.begin() as conn:
-        if not db.is_sqlite:
-            await conn.execute(
-                text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY}
-            )
-        await conn.run_sync(_upgrade)

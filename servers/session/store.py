@@ -1,8 +1,9 @@
 """The session store: the domain core of the session service (no gRPC here).
 
-Every write is one database transaction. Seqs are allocated under the session row's lock
-(PostgreSQL `SELECT ... FOR UPDATE`; SQLite: one writer at a time per process plus
-`BEGIN IMMEDIATE` across processes), and `last_seq` is updated in the same transaction as the
+Every write is one database transaction, written as a synchronous SQLAlchemy Core function that
+`Database.write` runs as a unit. Seqs are allocated under the session row's lock (PostgreSQL
+`SELECT ... FOR UPDATE`; SQLite: the one writer thread plus `BEGIN IMMEDIATE` across
+processes), and `last_seq` is updated in the same transaction as the
 inserted events, so a failed transaction leaves no gap and concurrent writers cannot
 interleave. After each commit the store tells its listeners (the hub) what changed; on
 PostgreSQL it also sends `NOTIFY` inside the transaction, so other servers sharing the
@@ -11,20 +12,17 @@ database hear about the change exactly when it becomes visible.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import hashlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import and_, bindparam, func, or_, select, text, update
-from sqlalchemy.engine import Row
+from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from oma.servers.session import events as ev
 from oma.servers.session.database import Database
@@ -88,7 +86,7 @@ class SessionState:
         return cls(
             pk=m["pk"],
             id=m["id"],
-            definition=m["definition"],
+            definition=m["definition"] if "definition" in m else b"",
             status=m["status"],
             stop_reason=m["stop_reason"],
             last_seq=m["last_seq"],
@@ -142,6 +140,7 @@ class Change:
 
 
 Listener = Callable[[Change], None]
+T = TypeVar("T")
 
 _PENDING_CONDITION = and_(
     sessions.c.status != ev.STATUS_TERMINATED,
@@ -157,44 +156,78 @@ def _lease_free(at_us: int) -> Any:
 
 
 class SessionStore:
-    """Sessions, their logs and leases on one database."""
+    """Sessions, their logs and leases on one database. Async methods; each runs one
+    transaction through `Database.write`/`read` and publishes its changes after commit."""
 
     def __init__(self, db: Database, limits: ev.Limits | None = None) -> None:
         self.db = db
         self.limits = limits or ev.Limits()
         self.origin = secrets.token_hex(6)  # tells this process's NOTIFYs from others'
-        self._write_lock = asyncio.Lock()
         self._listeners: list[Listener] = []
         self._pk_cache: dict[str, int] = {}
+
+        # The append hot path runs SQL text built once, through the driver with positional
+        # parameters: no per-call statement compilation or per-row parameter processing.
+        def marks(n: int, first: int = 1) -> str:
+            if db.is_sqlite:
+                return ", ".join("?" * n)
+            return ", ".join(f"${i}" for i in range(first, first + n))
+
+        self._marks = marks
+        columns = ", ".join(c.name for c in sessions.columns if c.name != "definition")
+        self._lock_sql = f"SELECT {columns} FROM oma_sessions WHERE id = {marks(1)}" + (
+            "" if db.is_sqlite else " FOR UPDATE"
+        )
+        self._known_sql_pg = (
+            "SELECT event_id, seq FROM oma_events WHERE session_pk = $1 AND event_id = ANY($2)"
+        )
+        self._insert_events = (
+            f"INSERT INTO oma_events (session_pk, seq, event_id, type, body) VALUES ({marks(5)})"
+        )
+        names = (
+            "last_seq",
+            "status",
+            "stop_reason",
+            "last_user_seq",
+            "last_idle_seq",
+            "update_time_us",
+            "lease_holder",
+            "lease_expire_us",
+            "pk",
+        )
+        assignments = ", ".join(
+            f"{name} = {marks(1, i)}" for i, name in enumerate(names[:-1], start=1)
+        )
+        self._after_append_sql = (
+            f"UPDATE oma_sessions SET {assignments} WHERE pk = {marks(1, len(names))}"
+        )
 
     # -- plumbing ---------------------------------------------------------------------------
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
-    @contextlib.asynccontextmanager
-    async def _write(self) -> AsyncIterator[tuple[AsyncConnection, list[Change]]]:
-        """One write transaction. Changes queued in the list are published after commit;
-        on SQLite still under the writer lock, so listeners see commits in order."""
+    async def _write(self, fn: Callable[[Connection, list[Change]], T]) -> T:
+        """Run `fn` in one write transaction, then tell listeners what it changed. On SQLite
+        transactions complete in commit order on one thread and resume here in that order, so
+        listeners see changes in commit order; on PostgreSQL NOTIFY rides the transaction."""
         changes: list[Change] = []
-        if self.db.is_sqlite:
-            async with self._write_lock:
-                async with self.db.write_engine.begin() as conn:
-                    yield conn, changes
-                self._publish(changes)
-        else:
-            async with self.db.write_engine.begin() as conn:
-                yield conn, changes
-                for change in changes:
-                    await self._notify(conn, change)
-            self._publish(changes)
 
-    def _publish(self, changes: list[Change]) -> None:
+        def transaction(conn: Connection) -> T:
+            changes.clear()  # a retried transaction starts afresh
+            result = fn(conn, changes)
+            if not self.db.is_sqlite:
+                for change in changes:
+                    self._notify(conn, change)
+            return result
+
+        result = await self.db.write(transaction)
         for change in changes:
             for listener in self._listeners:
                 listener(change)
+        return result
 
-    async def _notify(self, conn: AsyncConnection, change: Change) -> None:
+    def _notify(self, conn: Connection, change: Change) -> None:
         if change.events:
             payload = (
                 f"{self.origin} a {change.session_id} {change.events[0].seq} "
@@ -202,26 +235,22 @@ class SessionStore:
             )
         else:
             payload = f"{self.origin} l {change.session_id} 0 {change.state.last_seq}"
-        await conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": NOTIFY_CHANNEL, "p": payload})
+        conn.exec_driver_sql("SELECT pg_notify($1, $2)", (NOTIFY_CHANNEL, payload))
 
-    async def notify_preview(self, preview: events_pb2.Event | Any) -> None:
-        """Broadcast a serialized preview to the other servers on PostgreSQL (no-op on SQLite)."""
+    async def notify_preview(self, preview: Any) -> None:
+        """Broadcast a preview to the other servers on PostgreSQL (no-op on SQLite)."""
         if self.db.is_sqlite:
             return
-        blob = base64.b64encode(preview.SerializeToString()).decode()
-        async with self.db.write_engine.connect() as conn:
-            await conn.execute(
-                text("SELECT pg_notify(:c, :p)"),
-                {"c": NOTIFY_CHANNEL, "p": f"{self.origin} p - 0 0 {blob}"},
-            )
-            await conn.commit()
+        payload = f"{self.origin} p - 0 0 {base64.b64encode(preview.SerializeToString()).decode()}"
 
-    async def _lock_session(self, conn: AsyncConnection, session_id: str) -> SessionState:
-        row = (
-            await conn.execute(
-                select(sessions).where(sessions.c.id == session_id).with_for_update()
-            )
-        ).first()
+        def send(conn: Connection) -> None:
+            conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": NOTIFY_CHANNEL, "p": payload})
+
+        await self.db.write(send)
+
+    def _lock_session(self, conn: Connection, session_id: str) -> SessionState:
+        """The session row, locked until commit (PostgreSQL; SQLite holds the write lock)."""
+        row = conn.exec_driver_sql(self._lock_sql, (session_id,)).first()
         if row is None:
             raise SessionNotFound(session_id)
         return SessionState.from_row(row)
@@ -234,26 +263,11 @@ class SessionStore:
         """Create a session (or return the one `request_id` created). Returns (state, created)."""
         blob = definition.SerializeToString(deterministic=True)
         digest = hashlib.sha256(blob).digest()
-        for attempt in range(2):
-            try:
-                return await self._create(definition, blob, digest, request_id)
-            except IntegrityError:
-                # A concurrent create with the same request_id won the race; read its result.
-                if attempt or not request_id:
-                    raise
-        raise AssertionError("unreachable")
 
-    async def _create(
-        self,
-        definition: definition_pb2.SessionDefinition,
-        blob: bytes,
-        digest: bytes,
-        request_id: str,
-    ) -> tuple[SessionState, bool]:
-        async with self._write() as (conn, changes):
+        def create(conn: Connection, changes: list[Change]) -> tuple[SessionState, bool]:
             if request_id:
-                row = (
-                    await conn.execute(select(sessions).where(sessions.c.request_id == request_id))
+                row = conn.execute(
+                    select(sessions).where(sessions.c.request_id == request_id)
                 ).first()
                 if row is not None:
                     state = SessionState.from_row(row)
@@ -262,27 +276,28 @@ class SessionStore:
                     return state, False
             now = now_us()
             session_id = new_session_id()
-            values = dict(
-                id=session_id,
-                request_id=request_id or None,
-                definition_digest=digest,
-                definition=blob,
-                status=ev.STATUS_IDLE,
-                stop_reason=0,
-                last_seq=1,
-                last_user_seq=0,
-                last_idle_seq=0,
-                create_time_us=now,
-                update_time_us=now,
-                lease_holder=None,
-                fencing_token=0,
-                lease_expire_us=None,
-            )
-            pk = (
-                await conn.execute(sessions.insert().values(**values).returning(sessions.c.pk))
+            pk = conn.execute(
+                sessions.insert()
+                .values(
+                    id=session_id,
+                    request_id=request_id or None,
+                    definition_digest=digest,
+                    definition=blob,
+                    status=ev.STATUS_IDLE,
+                    stop_reason=0,
+                    last_seq=1,
+                    last_user_seq=0,
+                    last_idle_seq=0,
+                    create_time_us=now,
+                    update_time_us=now,
+                    lease_holder=None,
+                    fencing_token=0,
+                    lease_expire_us=None,
+                )
+                .returning(sessions.c.pk)
             ).scalar_one()
             if definition.labels:
-                await conn.execute(
+                conn.execute(
                     session_labels.insert(),
                     [
                         {"session_pk": pk, "key": k, "value": v}
@@ -296,7 +311,7 @@ class SessionStore:
                 session_created=events_pb2.SessionCreated(definition=definition),
             )
             first.create_time.FromMicroseconds(now)
-            await conn.execute(
+            conn.execute(
                 events.insert(),
                 [
                     {
@@ -324,12 +339,25 @@ class SessionStore:
                 lease_expire_us=None,
             )
             changes.append(Change(session_id, state, [first]))
-        self._pk_cache[session_id] = pk
-        return state, True
+            return state, True
+
+        for attempt in range(2):
+            try:
+                state, created = await self._write(create)
+            except IntegrityError:
+                # A concurrent create with the same request_id won the race; read its result.
+                if attempt or not request_id:
+                    raise
+                continue
+            self._pk_cache[state.id] = state.pk
+            return state, created
+        raise AssertionError("unreachable")
 
     async def get_session(self, session_id: str) -> SessionState:
-        async with self.db.read_engine.connect() as conn:
-            row = (await conn.execute(select(sessions).where(sessions.c.id == session_id))).first()
+        def get(conn: Connection) -> Row[Any] | None:
+            return conn.execute(select(sessions).where(sessions.c.id == session_id)).first()
+
+        row = await self.db.read(get)
         if row is None:
             raise SessionNotFound(session_id)
         return SessionState.from_row(row)
@@ -352,8 +380,7 @@ class SessionStore:
                 .exists()
             )
         query = query.order_by(sessions.c.pk).limit(page_size + 1)
-        async with self.db.read_engine.connect() as conn:
-            rows = (await conn.execute(query)).all()
+        rows = await self.db.read(lambda conn: conn.execute(query).all())
         states = [SessionState.from_row(r) for r in rows[:page_size]]
         token = _encode_token(states[-1].pk, fingerprint) if len(rows) > page_size else ""
         return states, token
@@ -369,19 +396,18 @@ class SessionStore:
         fencing_token: int,
     ) -> AppendResult:
         """Append a validated batch atomically, in the check order of [SESSION-APPEND-002..008]."""
-        async with self._write() as (conn, changes):
-            state = await self._lock_session(conn, session_id)
-            known = dict(
-                (
-                    await conn.execute(
-                        select(events.c.event_id, events.c.seq).where(
-                            events.c.session_pk == state.pk,
-                            events.c.event_id.in_(bindparam("ids", expanding=True)),
-                        ),
-                        {"ids": batch.ids},
-                    )
-                ).all()
-            )
+
+        def append(conn: Connection, changes: list[Change]) -> AppendResult:
+            state = self._lock_session(conn, session_id)
+            known: dict[str, int]
+            if self.db.is_sqlite:
+                sql = (
+                    "SELECT event_id, seq FROM oma_events WHERE session_pk = ? AND event_id IN "
+                    f"({self._marks(len(batch.ids))})"
+                )
+                known = dict(conn.exec_driver_sql(sql, (state.pk, *batch.ids)).all())
+            else:
+                known = dict(conn.exec_driver_sql(self._known_sql_pg, (state.pk, batch.ids)).all())
             if known:
                 if len(known) == len(batch.ids):
                     return AppendResult(
@@ -400,48 +426,42 @@ class SessionStore:
             rows = []
             stored = []
             seq = state.last_seq
+            seconds, nanos = divmod(now, 1_000_000)
             for item in batch.events:
                 seq += 1
                 event = item.event
                 event.seq = seq
-                event.create_time.FromMicroseconds(now)
-                rows.append(
-                    {
-                        "session_pk": state.pk,
-                        "seq": seq,
-                        "event_id": event.id,
-                        "type": item.type,
-                        "body": event.SerializeToString(),
-                    }
-                )
+                event.create_time.seconds = seconds
+                event.create_time.nanos = nanos * 1000
+                rows.append((state.pk, seq, event.id, item.type, event.SerializeToString()))
                 stored.append(event)
                 _apply(state, item.type, event, seq)
             state.last_seq = seq
             state.update_time_us = now
-            await conn.execute(events.insert(), rows)
-            await conn.execute(
-                update(sessions)
-                .where(sessions.c.pk == state.pk)
-                .values(
-                    last_seq=state.last_seq,
-                    status=state.status,
-                    stop_reason=state.stop_reason,
-                    last_user_seq=state.last_user_seq,
-                    last_idle_seq=state.last_idle_seq,
-                    update_time_us=now,
-                    lease_holder=state.lease_holder,
-                    lease_expire_us=state.lease_expire_us,
-                )
+            conn.exec_driver_sql(self._insert_events, rows)
+            conn.exec_driver_sql(
+                self._after_append_sql,
+                (
+                    state.last_seq,
+                    state.status,
+                    state.stop_reason,
+                    state.last_user_seq,
+                    state.last_idle_seq,
+                    now,
+                    state.lease_holder,
+                    state.lease_expire_us,
+                    state.pk,
+                ),
             )
             changes.append(Change(session_id, state, stored))
-        return AppendResult([e.seq for e in stored], state.last_seq, False, stored)
+            return AppendResult([e.seq for e in stored], state.last_seq, False, stored)
 
-    async def _pk(self, conn: AsyncConnection, session_id: str) -> int:
+        return await self._write(append)
+
+    def _pk(self, conn: Connection, session_id: str) -> int:
         pk = self._pk_cache.get(session_id)
         if pk is None:
-            pk = (
-                await conn.execute(select(sessions.c.pk).where(sessions.c.id == session_id))
-            ).scalar()
+            pk = conn.execute(select(sessions.c.pk).where(sessions.c.id == session_id)).scalar()
             if pk is None:
                 raise SessionNotFound(session_id)
             if len(self._pk_cache) > 100_000:
@@ -460,17 +480,20 @@ class SessionStore:
         types: Sequence[str] = (),
     ) -> list[tuple[int, bytes]]:
         """(seq, serialized Event) with after_seq < seq < before_seq (0: unbounded), in order."""
-        query = select(events.c.seq, events.c.body)
-        async with self.db.read_engine.connect() as conn:
-            pk = await self._pk(conn, session_id)
-            query = query.where(events.c.session_pk == pk, events.c.seq > after_seq)
+
+        def read(conn: Connection) -> list[tuple[int, bytes]]:
+            pk = self._pk(conn, session_id)
+            query = select(events.c.seq, events.c.body).where(
+                events.c.session_pk == pk, events.c.seq > after_seq
+            )
             if before_seq > 0:
                 query = query.where(events.c.seq < before_seq)
             if types:
                 query = query.where(events.c.type.in_(list(types)))
             query = query.order_by(events.c.seq.desc() if descending else events.c.seq)
-            rows = (await conn.execute(query.limit(limit))).all()
-        return [(r[0], r[1]) for r in rows]
+            return [(r[0], r[1]) for r in conn.execute(query.limit(limit)).all()]
+
+        return await self.db.read(read)
 
     async def get_events_page(
         self,
@@ -508,65 +531,40 @@ class SessionStore:
     # -- leases -------------------------------------------------------------------------------
 
     async def acquire_lease(self, session_id: str, holder_id: str, ttl_ms: int) -> LeaseGrant:
-        async with self._write() as (conn, changes):
-            state = await self._lock_session(conn, session_id)
+        def acquire(conn: Connection, changes: list[Change]) -> LeaseGrant:
+            state = self._lock_session(conn, session_id)
             if state.status == ev.STATUS_TERMINATED:
                 raise SessionTerminated(session_id)
-            return await self._grant(conn, changes, state, holder_id, ttl_ms)
+            return _grant(conn, changes, state, holder_id, ttl_ms)
+
+        return await self._write(acquire)
 
     async def claim_lease(self, holder_id: str, ttl_ms: int) -> LeaseGrant:
-        """Lease any one session that needs a harness ([SESSION-LEASE-007])."""
-        async with self._write() as (conn, changes):
-            now = now_us()
+        """Lease any one session that needs a harness ([SESSION-LEASE-007]); concurrent claims
+        skip each other's rows (`FOR UPDATE SKIP LOCKED`) instead of waiting or colliding."""
+
+        def claim(conn: Connection, changes: list[Change]) -> LeaseGrant:
             query = (
                 select(sessions)
-                .where(_PENDING_CONDITION, _lease_free(now))
+                .where(_PENDING_CONDITION, _lease_free(now_us()))
                 .order_by(sessions.c.update_time_us)
                 .limit(1)
                 .with_for_update(skip_locked=True)
             )
-            row = (await conn.execute(query)).first()
+            row = conn.execute(query).first()
             if row is None:
                 raise NoSessionPending()
-            return await self._grant(conn, changes, SessionState.from_row(row), holder_id, ttl_ms)
+            return _grant(conn, changes, SessionState.from_row(row), holder_id, ttl_ms)
 
-    async def _grant(
-        self,
-        conn: AsyncConnection,
-        changes: list[Change],
-        state: SessionState,
-        holder_id: str,
-        ttl_ms: int,
-    ) -> LeaseGrant:
-        now = now_us()
-        if state.lease_live(now):
-            if state.lease_holder != holder_id:
-                raise LeaseHeld(
-                    state.id, state.lease_holder or "", format_time_us(state.lease_expire_us or 0)
-                )
-        else:
-            state.fencing_token += 1
-            state.lease_holder = holder_id
-        state.lease_expire_us = now + ttl_ms * 1000
-        await conn.execute(
-            update(sessions)
-            .where(sessions.c.pk == state.pk)
-            .values(
-                lease_holder=state.lease_holder,
-                fencing_token=state.fencing_token,
-                lease_expire_us=state.lease_expire_us,
-            )
-        )
-        changes.append(Change(state.id, state, lease_changed=True))
-        return LeaseGrant(state.id, holder_id, state.fencing_token, state.lease_expire_us)
+        return await self._write(claim)
 
     async def renew_lease(self, session_id: str, fencing_token: int, ttl_ms: int) -> LeaseGrant:
-        async with self._write() as (conn, changes):
-            state = await self._lock_session(conn, session_id)
+        def renew(conn: Connection, changes: list[Change]) -> LeaseGrant:
+            state = self._lock_session(conn, session_id)
             now = now_us()
             _check_fencing(state, fencing_token, now)
             state.lease_expire_us = now + ttl_ms * 1000
-            await conn.execute(
+            conn.execute(
                 update(sessions)
                 .where(sessions.c.pk == state.pk)
                 .values(lease_expire_us=state.lease_expire_us)
@@ -576,19 +574,23 @@ class SessionStore:
                 session_id, state.lease_holder or "", state.fencing_token, state.lease_expire_us
             )
 
+        return await self._write(renew)
+
     async def release_lease(self, session_id: str, fencing_token: int) -> None:
-        async with self._write() as (conn, changes):
-            state = await self._lock_session(conn, session_id)
+        def release(conn: Connection, changes: list[Change]) -> None:
+            state = self._lock_session(conn, session_id)
             if state.lease_holder is None or state.fencing_token != fencing_token:
                 return  # idempotent ([SESSION-LEASE-005])
             state.lease_holder = None
             state.lease_expire_us = None
-            await conn.execute(
+            conn.execute(
                 update(sessions)
                 .where(sessions.c.pk == state.pk)
                 .values(lease_holder=None, lease_expire_us=None)
             )
             changes.append(Change(session_id, state, lease_changed=True))
+
+        await self._write(release)
 
     async def check_lease(self, session_id: str, fencing_token: int) -> SessionState:
         """The session, if `fencing_token` is its live lease (for previews); else LeaseLost."""
@@ -606,8 +608,8 @@ class SessionStore:
             .order_by(sessions.c.update_time_us)
             .limit(limit)
         )
-        async with self.db.read_engine.connect() as conn:
-            return [(r[0], r[1]) for r in (await conn.execute(query)).all()]
+        rows = await self.db.read(lambda conn: conn.execute(query).all())
+        return [(r[0], r[1]) for r in rows]
 
     async def live_leases(self) -> list[tuple[str, int]]:
         """(id, expire time) of sessions whose lease is live and that are not terminated."""
@@ -616,19 +618,42 @@ class SessionStore:
             sessions.c.lease_expire_us > now_us(),
             sessions.c.status != ev.STATUS_TERMINATED,
         )
-        async with self.db.read_engine.connect() as conn:
-            return [(r[0], r[1]) for r in (await conn.execute(query)).all()]
+        rows = await self.db.read(lambda conn: conn.execute(query).all())
+        return [(r[0], r[1]) for r in rows]
 
     async def count_events(self, session_id: str) -> int:
-        async with self.db.read_engine.connect() as conn:
-            pk = await self._pk(conn, session_id)
-            return int(
-                (
-                    await conn.execute(
-                        select(func.count()).select_from(events).where(events.c.session_pk == pk)
-                    )
-                ).scalar_one()
+        def count(conn: Connection) -> int:
+            pk = self._pk(conn, session_id)
+            query = select(func.count()).select_from(events).where(events.c.session_pk == pk)
+            return int(conn.execute(query).scalar_one())
+
+        return await self.db.read(count)
+
+
+def _grant(
+    conn: Connection, changes: list[Change], state: SessionState, holder_id: str, ttl_ms: int
+) -> LeaseGrant:
+    now = now_us()
+    if state.lease_live(now):
+        if state.lease_holder != holder_id:
+            raise LeaseHeld(
+                state.id, state.lease_holder or "", format_time_us(state.lease_expire_us or 0)
             )
+    else:
+        state.fencing_token += 1
+        state.lease_holder = holder_id
+    state.lease_expire_us = now + ttl_ms * 1000
+    conn.execute(
+        update(sessions)
+        .where(sessions.c.pk == state.pk)
+        .values(
+            lease_holder=state.lease_holder,
+            fencing_token=state.fencing_token,
+            lease_expire_us=state.lease_expire_us,
+        )
+    )
+    changes.append(Change(state.id, state, lease_changed=True))
+    return LeaseGrant(state.id, holder_id, state.fencing_token, state.lease_expire_us)
 
 
 def _check_fencing(state: SessionState, token: int, at_us: int) -> None:

@@ -15,16 +15,11 @@ import grpc
 import psycopg
 import pytest
 from session_helpers import user_message
+from sqlalchemy import create_engine
 
 from oma.runtime.auth import TokenTable
 from oma.runtime.client import connect
-from oma.servers.session.database import (
-    Database,
-    DurabilityError,
-    check_durability,
-    normalize_url,
-    open_database,
-)
+from oma.servers.session.database import DurabilityError, check_settings, open_database
 from oma.servers.session.server import SessionServer
 from oma.session.v1 import definition_pb2
 from oma.session.v1 import session_service_pb2 as pb
@@ -183,19 +178,20 @@ async def test_durability_settings_in_force_at_runtime(db_url: str, tokens: Toke
 
 
 async def test_refuses_non_durable_sqlite(tmp_path: Path) -> None:
-    with pytest.raises(DurabilityError):
+    with pytest.raises(DurabilityError, match="in-memory"):
         await open_database("sqlite:///:memory:")
-    # A plain engine on a fresh file runs SQLite's default rollback journal: refused.
-    url = normalize_url(f"sqlite:///{tmp_path / 'plain.db'}")
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    default_engine = create_async_engine(url)
-    db = Database("sqlite", url, default_engine, default_engine)
-    try:
-        with pytest.raises(DurabilityError, match="WAL"):
-            await check_durability(db)
-    finally:
-        await db.close()
+    # A plain engine on a fresh file runs SQLite's defaults (rollback journal): refused.
+    plain = create_engine(f"sqlite:///{tmp_path / 'plain.db'}")
+    with plain.connect() as conn:
+        settings = {
+            "journal_mode": str(conn.exec_driver_sql("PRAGMA journal_mode").scalar_one()),
+            "synchronous": str(conn.exec_driver_sql("PRAGMA synchronous").scalar_one()),
+        }
+    plain.dispose()
+    with pytest.raises(DurabilityError, match="WAL"):
+        check_settings("sqlite", settings)
+    with pytest.raises(DurabilityError, match="synchronous_commit=off"):
+        check_settings("postgresql", {"synchronous_commit": "off", "fsync": "on"})
 
 
 def test_cli_refuses_to_start_in_memory(tmp_path: Path, tokens: TokenTable) -> None:
