@@ -16,7 +16,7 @@ executor answers with JSON lines (and frames for `get_file`). Every request erro
 
 # The executor owns its sandbox: local file operations in its event loop are short and
 # cannot stall anyone else, so the async-blocking lints do not apply here.
-# ruff: noqa: ASYNC109, ASYNC230, ASYNC240
+# ruff: noqa: ASYNC109, ASYNC220, ASYNC230, ASYNC240
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ import os
 import re
 import signal
 import struct
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -468,42 +469,60 @@ class Executor:
     async def run_process(
         self, execution: Execution, out: OutputCollector, argv: list[str], timeout: float
     ) -> dict[str, Any]:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        loop = asyncio.get_running_loop()
+        # Plain Popen plus loop readers rather than asyncio's subprocess transport: the call
+        # must end when its process exits, even while a leftover child still holds a pipe.
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             cwd=self.ws.root,
             env=self.env,
             start_new_session=True,
         )
         assert proc.stdout is not None and proc.stderr is not None
+        open_pipes: dict[int, asyncio.Future[None]] = {}
 
-        async def pump(stream: asyncio.StreamReader, name: str) -> None:
-            while True:
-                data = await stream.read(CHUNK)
+        def watch(fd: int, name: str) -> None:
+            os.set_blocking(fd, False)
+            closed: asyncio.Future[None] = loop.create_future()
+            open_pipes[fd] = closed
+
+            def readable() -> None:
+                try:
+                    data = os.read(fd, CHUNK)
+                except BlockingIOError:
+                    return
+                except OSError:
+                    data = b""
                 if not data:
+                    loop.remove_reader(fd)
+                    if not closed.done():
+                        closed.set_result(None)
                     return
                 out.add(data)
                 execution.emit_output(name, data)
 
-        pumps = [
-            asyncio.ensure_future(pump(proc.stdout, "stdout")),
-            asyncio.ensure_future(pump(proc.stderr, "stderr")),
-        ]
+            loop.add_reader(fd, readable)
+
+        watch(proc.stdout.fileno(), "stdout")
+        watch(proc.stderr.fileno(), "stderr")
+        exited = await_exit(loop, proc)
         timed_out = False
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
+            await asyncio.wait_for(asyncio.shield(exited), timeout)
         except TimeoutError:
             timed_out = True
         # The call's processes die with it, whether it ended or timed out: background jobs
         # would otherwise hold the output pipes open and outlive the call.
         await kill_group(proc.pid)
-        if proc.returncode is None:
-            await proc.wait()
-        _, pending = await asyncio.wait(pumps, timeout=2)
-        for task in pending:  # a process that escaped the group still holds a pipe
-            task.cancel()
+        await exited
+        await asyncio.wait(list(open_pipes.values()), timeout=2)
+        for fd in open_pipes:  # a process that escaped the group may still hold a pipe
+            loop.remove_reader(fd)
+        proc.stdout.close()
+        proc.stderr.close()
         code = proc.returncode if proc.returncode is not None else -9
         exit_code = 128 - code if code < 0 else code
         suffix = ""
@@ -731,6 +750,39 @@ def glob_to_regex(pattern: str) -> str:
 
 
 # --------------------------------------------------------------------------- plumbing
+
+
+def await_exit(
+    loop: asyncio.AbstractEventLoop, proc: subprocess.Popen[bytes]
+) -> asyncio.Future[None]:
+    """A future done once `proc` exited (and was reaped), from a pidfd where the kernel has
+    them, else by polling."""
+    done: asyncio.Future[None] = loop.create_future()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        pidfd = -1
+
+    def check() -> None:
+        if proc.poll() is not None and not done.done():
+            if pidfd >= 0:
+                loop.remove_reader(pidfd)
+                os.close(pidfd)
+            done.set_result(None)
+
+    if pidfd >= 0:
+        loop.add_reader(pidfd, check)
+        check()
+    else:
+
+        async def poll() -> None:
+            while not done.done():
+                check()
+                await asyncio.sleep(0.005)
+
+        poller = asyncio.ensure_future(poll())
+        done.add_done_callback(lambda _: poller.cancel())
+    return done
 
 
 async def kill_group(pgid: int) -> None:
