@@ -114,9 +114,12 @@ class Driver:
         except asyncio.CancelledError:
             log.warning("session %s: turn cancelled", lease.session_id)
             raise
-        except Exception:
-            # The log is intact; the next wake (here or elsewhere) resumes from it.
+        except Exception as error:
             log.exception("session %s: turn failed", lease.session_id)
+            try:
+                await turn.abort(error)
+            except Exception:  # the session service itself is failing; the log stays intact
+                log.exception("session %s: could not record the failure", lease.session_id)
             return None
         finally:
             renewer.cancel()

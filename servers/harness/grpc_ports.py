@@ -34,6 +34,7 @@ from oma.servers.harness.ports import (
     LeaseLost,
     SandboxGone,
     SessionGone,
+    ToolFailed,
     ToolOutput,
     Unreachable,
 )
@@ -324,11 +325,13 @@ class GrpcSandbox:
         self._stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
 
     async def find_live(self, session_id: str) -> str | None:
-        response = await _retrying(
-            lambda: self._stub.ListSandboxes(
-                sandbox_pb2.ListSandboxesRequest(label_selector={SESSION_LABEL: session_id})
-            )
-        )
+        request = sandbox_pb2.ListSandboxesRequest(label_selector={SESSION_LABEL: session_id})
+        try:
+            response = await _retrying(lambda: self._stub.ListSandboxes(request))
+        except grpc.aio.AioRpcError as error:
+            raise ToolFailed(
+                f"the sandbox service failed ({error.code().name}: {error.details()})"
+            ) from error
         ready = [s for s in response.sandboxes if s.state == sandbox_pb2.SANDBOX_STATE_READY]
         # The newest one: older ones were replaced after a loss.
         return ready[-1].id if ready else None
@@ -358,7 +361,13 @@ class GrpcSandbox:
                 files=[sandbox_pb2.InitFile(path=p, content=c, mode=m) for p, c, m in e.files]
             ),
         )
-        response = await _retrying(lambda: self._stub.Provision(request), attempts=3)
+        try:
+            response = await _retrying(lambda: self._stub.Provision(request), attempts=3)
+        except grpc.aio.AioRpcError as error:
+            reason = _reason(error) or error.code().name
+            raise ToolFailed(
+                f"no sandbox could be provisioned ({reason}: {error.details()})"
+            ) from error
         return str(response.sandbox.id)
 
     async def execute(
@@ -379,7 +388,9 @@ class GrpcSandbox:
             if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 # Bad input from the model is the model's to fix: show it the message.
                 return ToolOutput(f"{reason or 'INVALID_ARGUMENT'}: {error.details()}", True)
-            raise
+            raise ToolFailed(
+                f"the sandbox service failed ({reason or error.code().name}: {error.details()})"
+            ) from error
         return ToolOutput(response.output, response.is_error)
 
     async def destroy(self, sandbox_id: str) -> None:

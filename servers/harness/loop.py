@@ -22,7 +22,14 @@ from oma.servers.harness import conversation, tools
 from oma.servers.harness import events as ev
 from oma.servers.harness.events import Definition, LogEvent, NewEvent
 from oma.servers.harness.model import ModelFailure, ModelReply, stream_reply
-from oma.servers.harness.ports import Lease, SandboxGone, SandboxPort, SessionPort, ToolOutput
+from oma.servers.harness.ports import (
+    Lease,
+    SandboxGone,
+    SandboxPort,
+    SessionPort,
+    ToolFailed,
+    ToolOutput,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +126,19 @@ class Turn:
             reply = await self._call_model(messages)
             if reply is None:
                 return await self._idle(ev.STOP_RETRIES_EXHAUSTED)
+
+    async def abort(self, error: BaseException) -> None:
+        """End a turn that failed unexpectedly: log why and go idle, so that watchers are
+        not left waiting. The log is consistent; a new user message starts a new turn."""
+        await self._append(
+            NewEvent(
+                f"abort.{self.last_seq}",
+                ev.SESSION_ERROR,
+                code="harness_error",
+                text=f"{type(error).__name__}: {error}",
+            )
+        )
+        await self._idle(ev.STOP_RETRIES_EXHAUSTED)
 
     async def _idle(self, stop_reason: str) -> str:
         await self._append(
@@ -227,23 +247,29 @@ class Turn:
             return ToolOutput(
                 f"Tool {tool_use.tool_name!r} is not available in this session.", True
             )
-        if self._sandbox_id is None and not self._lost_sandbox:
-            self._sandbox_id = await self._sandbox.find_live(self.session_id)
-        if self._sandbox_id is None:
-            # Keyed by the tool call that needs it: a retry (or a successor harness) reuses
-            # the same sandbox, and a replacement after a loss gets a distinct key.
-            self._sandbox_id = await self._sandbox.provision(
-                self.session_id,
-                f"{self.session_id}.{tool_use.tool_use_id}",
-                self._definition.environment,
-            )
         try:
+            if self._sandbox_id is None and not self._lost_sandbox:
+                self._sandbox_id = await self._sandbox.find_live(self.session_id)
+            if self._sandbox_id is None:
+                # Keyed by the tool call that needs it: a retry (or a successor harness)
+                # reuses the same sandbox, and a replacement after a loss gets a distinct key.
+                self._sandbox_id = await self._sandbox.provision(
+                    self.session_id,
+                    f"{self.session_id}.{tool_use.tool_use_id}",
+                    self._definition.environment,
+                )
             return await self._sandbox.execute(
                 self._sandbox_id, tool_use.tool_name, tool_use.tool_input, tool_use.tool_use_id
             )
+        except ToolFailed as failed:
+            log.warning(
+                "session %s: tool %s failed: %s", self.session_id, tool_use.tool_use_id, failed
+            )
+            return ToolOutput(f"The tool could not be run: {failed}", True)
         except SandboxGone as gone:
             log.warning("session %s: sandbox %s lost: %s", self.session_id, self._sandbox_id, gone)
             lost, self._sandbox_id, self._lost_sandbox = self._sandbox_id, None, True
-            # So that no harness finds it by label and tries to use it again.
-            await self._sandbox.destroy(lost)
+            if lost is not None:
+                # So that no harness finds it by label and tries to use it again.
+                await self._sandbox.destroy(lost)
             return ToolOutput(SANDBOX_LOST.format(detail=gone), True)

@@ -37,6 +37,10 @@ class Unreachable(Exception):
     """A service the harness depends on cannot be reached right now."""
 
 
+class ToolFailed(Exception):
+    """The sandbox service could not provision or run a tool; the model gets an error result."""
+
+
 class SandboxGone(Exception):
     """The sandbox died or no longer exists; a new one must be provisioned."""
 
@@ -91,7 +95,8 @@ class SandboxPort(Protocol):
     async def execute(
         self, sandbox_id: str, name: str, tool_input: Mapping[str, Any], execution_id: str
     ) -> ToolOutput:
-        """Run a tool; raise `SandboxGone` when the sandbox is dead or unknown."""
+        """Run a tool; raise `SandboxGone` when the sandbox is dead or unknown, `ToolFailed`
+        when the service fails otherwise."""
         ...
 
     async def destroy(self, sandbox_id: str) -> None:

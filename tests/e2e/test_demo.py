@@ -31,22 +31,34 @@ def require_a_sandbox_backend() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_oma_demo_in_a_fresh_venv(tmp_path: Path) -> None:
     require_a_sandbox_backend()
     venv = tmp_path / "venv"
     # --system-site-packages keeps it fast and offline: the dependencies come from the
     # machine's environment, while `oma` itself is installed into the new venv.
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    # A real (non-editable) install of the wheel, built offline with this machine's setuptools.
+    dist = tmp_path / "dist"
     subprocess.run(
         [
-            str(venv / "bin" / "pip"),
-            "install",
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
             "--quiet",
             "--no-deps",
             "--no-build-isolation",
-            "-e",
+            "-w",
+            str(dist),
             str(ROOT),
         ],
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = dist.glob("oma-*.whl")
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
         check=True,
         timeout=300,
     )

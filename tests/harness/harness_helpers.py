@@ -111,6 +111,7 @@ class SessionClient:
         tools: tuple[str, ...] = ("bash", "read", "write"),
         budgets: dict[str, int] | None = None,
         prompt: str = "go",
+        image: str = "",
     ) -> str:
         import uuid
 
@@ -121,6 +122,7 @@ class SessionClient:
             system_prompt=f"You are a test agent. [script:{script}]",
             tools=[definition_pb2.BuiltinTool(name=t) for t in tools],
             budgets=definition_pb2.Budgets(**(budgets or {})),
+            environment=definition_pb2.Environment(image=image),
         )
         created = await self.sessions.CreateSession(
             session_service_pb2.CreateSessionRequest(

@@ -69,6 +69,12 @@ SCRIPTS: dict[str, Any] = {
                 {"text": "Recovered on a fresh sandbox."},
             ]
         },
+        "no_image": {
+            "turns": [
+                {"content": [{"type": "tool_use", "name": "bash", "input": {"command": "true"}}]},
+                {"text": "No sandbox could be started."},
+            ]
+        },
     }
 }
 
@@ -139,3 +145,24 @@ async def test_a_killed_sandbox_is_an_error_result_and_the_session_recovers(
     assert len(sandboxes) == 2
     live = await client.sandboxes_of(session_id)
     assert (len(live) == 1 and live[0].id != sandboxes[0].id) or len(live) == 1
+
+
+async def test_a_sandbox_that_cannot_be_provisioned_is_an_error_result(
+    docker_peers: Peers,
+    docker_client_oma: SessionClient,
+    model: AsyncModelServer,
+    harness_factory: HarnessFactory,
+) -> None:
+    client = docker_client_oma
+    harness = await harness_factory(docker_peers, model.base_url)
+    session_id = await client.create(
+        "no_image", tools=("bash",), image="oma-test-no-such-image:never"
+    )
+    waiting = asyncio.create_task(client.wait_idle(session_id))
+    await wake(docker_peers, harness.address, session_id)
+    events, _ = await waiting
+    (result,) = payload(events, "agent.tool_result")
+    assert result.is_error and "IMAGE_NOT_FOUND" in result.content[0].text
+    assert payload(events, "agent.message")[-1].content[0].text == "No sandbox could be started."
+    assert payload(events, "session.status_idle")[0].stop_reason == 1
+    assert await client.sandboxes_of(session_id) == []
