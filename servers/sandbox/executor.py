@@ -613,7 +613,13 @@ class Executor:
                     handle.write(chunk)
             staging = tempfile.mkdtemp(prefix=".oma-tree-", dir=parent)
             with tarfile.open(temp) as archive:
-                archive.extractall(staging, filter="data")
+                # The sandbox is the boundary (this runs as the sandbox user, inside it), so
+                # a repository's own symbolic links are kept as they are; the "tar" filter
+                # still drops absolute names and set-id bits where Python has it.
+                if hasattr(tarfile, "tar_filter"):
+                    archive.extractall(staging, filter="tar")
+                else:
+                    archive.extractall(staging)
             os.rename(staging, dest)
         finally:
             with contextlib.suppress(OSError):

@@ -3,6 +3,7 @@ backend — Docker or bubblewrap — and ways to call it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,16 @@ async def stop(server: SandboxServer, *, destroy: bool = True) -> None:
         for sandbox in list(server.manager.records.values()):
             await server.manager.destroy(sandbox.id)
     await server.manager.close()
+
+
+async def run(*argv: str) -> str:
+    """Runs a host command (e.g. `docker kill`) without blocking the event loop."""
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    output, _ = await process.communicate()
+    assert process.returncode == 0, (argv, output)
+    return output.decode()
 
 
 def reason_of(error: grpc.aio.AioRpcError) -> str:
