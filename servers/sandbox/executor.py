@@ -550,6 +550,8 @@ class Executor:
             raise RequestError("INVALID_FIELD", f"{request.get('path')!r} is a directory")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, temp = tempfile.mkstemp(prefix=".oma-upload-", dir=os.path.dirname(path))
+        # The client sends the content only once the path is accepted.
+        await send(writer, {"ev": "ready"})
         digest = hashlib.sha256()
         size = 0
         try:
@@ -607,6 +609,7 @@ class Executor:
         parent = os.path.dirname(dest)
         os.makedirs(parent, exist_ok=True)
         fd, temp = tempfile.mkstemp(prefix=".oma-untar-", dir=parent)
+        await send(writer, {"ev": "ready"})
         try:
             with os.fdopen(fd, "wb") as handle:
                 while (chunk := await read_frame(reader)) is not None:

@@ -135,6 +135,7 @@ class ExecutorClient:
             {"op": "put_file", "path": path, "mode": mode, "max_bytes": max_bytes}
         )
         try:
+            await self._line(reader)  # "ready", or the error about the path
             sent = 0
             async for chunk in chunks:
                 if not chunk:
@@ -178,6 +179,7 @@ class ExecutorClient:
     async def untar(self, path: str, archive: bytes) -> dict[str, Any]:
         reader, writer = await self._request({"op": "untar", "path": path})
         try:
+            await self._line(reader)
             view = memoryview(archive)
             for start in range(0, len(archive), 1 << 20):
                 piece = view[start : start + (1 << 20)]
