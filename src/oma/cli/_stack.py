@@ -44,14 +44,16 @@ class Stack:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     data_dir: Path = Path()
 
-    def stop(self, grace_seconds: float = 10.0) -> None:
-        """SIGTERM every server (harness first, session last), then SIGKILL what lingers."""
-        order = ["harness", "sandbox", "vault", "session"]
-        procs = [self.processes[n] for n in order if n in self.processes]
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                deadline = time.monotonic() + grace_seconds
+    def stop(self, grace_seconds: float = 15.0) -> None:
+        """SIGTERM the harness first (it may still write its last events), then the other
+        servers together; SIGKILL whatever outlives the grace period."""
+        for group in (["harness"], ["sandbox", "vault", "session"]):
+            procs = [self.processes[n] for n in group if n in self.processes]
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_seconds
+            for proc in procs:
                 while proc.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.05)
                 if proc.poll() is None:
