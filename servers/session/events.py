@@ -28,7 +28,8 @@ def type_of_field(field_name: str) -> str:
 PAYLOAD_FIELDS: tuple[str, ...] = tuple(
     f.name for f in events_pb2.Event.DESCRIPTOR.oneofs_by_name["payload"].fields
 )
-ALL_TYPES: frozenset[str] = frozenset(type_of_field(f) for f in PAYLOAD_FIELDS)
+TYPE_OF_FIELD: dict[str, str] = {f: type_of_field(f) for f in PAYLOAD_FIELDS}
+ALL_TYPES: frozenset[str] = frozenset(TYPE_OF_FIELD.values())
 SERVER_TYPES = frozenset({"session.created"})
 CLIENT_TYPES = frozenset(t for t in ALL_TYPES if t.startswith("user."))
 HARNESS_TYPES = ALL_TYPES - CLIENT_TYPES - SERVER_TYPES
@@ -47,6 +48,17 @@ _JSON_INPUT_FIELDS = {
     "agent_tool_use": "input_json",
     "agent_mcp_tool_use": "input_json",
     "agent_custom_tool_use": "input_json",
+}
+
+# Types whose payload has more to check than its presence.
+_CHECKED_TYPES = TOOL_USE_TYPES | {
+    "agent.tool_use",
+    "agent.mcp_tool_use",
+    "agent.custom_tool_use",
+    "session.status_idle",
+    "user.tool_confirmation",
+    "user.message",
+    "agent.message",
 }
 
 # Status codes as stored in the sessions table; equal to oma.session.v1.SessionStatus values.
@@ -120,54 +132,63 @@ def prepare_batch(
     seen: set[str] = set()
     total = 0
     needs_lease = False
+    # The per-event loop is on the hot path of every append: error texts are built only when
+    # an error is raised.
     for index, event in enumerate(events):
-        where = f"events[{index}]"
-        check_id(event.id, f"{where}.id", "INVALID_EVENT_ID")
-        if event.id in seen:
+        event_id = event.id
+        if not ID_PATTERN.match(event_id):
+            check_id(event_id, f"events[{index}].id", "INVALID_EVENT_ID")
+        if event_id in seen:
             raise InvalidArgument(
                 "INVALID_FIELD",
-                f"{where}.id {event.id!r} appears twice in the batch; ids are unique per session",
-                field=f"{where}.id",
+                f"events[{index}].id {event_id!r} appears twice in the batch; ids are unique "
+                "per session",
+                field=f"events[{index}].id",
             )
-        seen.add(event.id)
+        seen.add(event_id)
         size = event.ByteSize()
         if size > limits.max_event_bytes:
             raise InvalidArgument(
                 "EVENT_TOO_LARGE",
-                f"{where} is {size} bytes; the limit (session.max_event_bytes) is "
+                f"events[{index}] is {size} bytes; the limit (session.max_event_bytes) is "
                 f"{limits.max_event_bytes}",
-                field=where,
+                field=f"events[{index}]",
                 limit=str(limits.max_event_bytes),
             )
         total += size
         field = event.WhichOneof("payload")
         if field is None:
             raise InvalidArgument(
-                "INVALID_EVENT", f"{where} has no payload: set exactly one", field=where
+                "INVALID_EVENT",
+                f"events[{index}] has no payload: set exactly one",
+                field=f"events[{index}]",
             )
-        event_type = type_of_field(field)
+        event_type = TYPE_OF_FIELD[field]
         if event_type in SERVER_TYPES:
             raise InvalidArgument(
                 "INVALID_EVENT",
-                f"{where} is {event_type}, which only CreateSession writes",
-                field=where,
+                f"events[{index}] is {event_type}, which only CreateSession writes",
+                field=f"events[{index}]",
             )
         if event_type in HARNESS_TYPES:
             if not may_write_harness_events:
                 raise InvalidArgument(
                     "INVALID_EVENT",
-                    f"{where} is {event_type}, a harness event; a client may append only user.* "
-                    "events",
-                    field=where,
+                    f"events[{index}] is {event_type}, a harness event; a client may append "
+                    "only user.* events",
+                    field=f"events[{index}]",
                 )
             needs_lease = True
-        _check_payload(event, field, event_type, where)
-        # Output-only fields are the server's: clear what a writer may have sent.
-        event.seq = 0
-        event.ClearField("create_time")
+        if event_type in _CHECKED_TYPES or event.tool_use_id or event.turn_id:
+            _check_payload(event, field, event_type, f"events[{index}]")
+        # Output-only fields are the server's: drop what a writer may have sent.
+        if event.seq:
+            event.seq = 0
+        if event.HasField("create_time"):
+            event.ClearField("create_time")
         event.type = event_type
         prepared.append(PreparedEvent(event, event_type))
-        ids.append(event.id)
+        ids.append(event_id)
     if total > limits.max_batch_bytes:
         raise InvalidArgument(
             "BATCH_TOO_LARGE",
