@@ -30,6 +30,8 @@ def session_address(tmp_path: Path, tokens_file: Path) -> Iterator[str]:
         [
             "--listen",
             "127.0.0.1:0",
+            "--grace-seconds",
+            "1",
             "--tokens",
             str(tokens_file),
             "--db",
@@ -44,7 +46,16 @@ def session_address(tmp_path: Path, tokens_file: Path) -> Iterator[str]:
 def _sandbox(tmp_path: Path, tokens_file: Path, backend: str) -> Iterator[str]:
     proc, address = spawn_server(
         "sandbox",
-        ["--listen", "127.0.0.1:0", "--tokens", str(tokens_file), "--backend", backend],
+        [
+            "--listen",
+            "127.0.0.1:0",
+            "--grace-seconds",
+            "1",
+            "--tokens",
+            str(tokens_file),
+            "--backend",
+            backend,
+        ],
         tmp_path,
     )
     yield address

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from harness_helpers import HarnessFactory, Peers, SessionClient, payload, types, wake
 
-from oma.harness.v1 import harness_pb2
+from oma.harness.v1 import harness_pb2, harness_pb2_grpc
+from oma.runtime.client import connect
 from oma.servers.harness.model_server.server import AsyncModelServer, start_model_server
 
 SCRIPTS: dict[str, Any] = {
@@ -241,3 +242,37 @@ async def test_budget_reached(
     assert payload(events, "session.error")[-1].code == "budget_reached"
     assert payload(events, "session.status_idle")[0].stop_reason == 4  # BUDGET_REACHED
     assert json.loads(payload(events, "agent.tool_use")[0].input_json) == {"command": "echo 1"}
+
+
+async def test_wake_errors_and_capabilities(
+    local_peers: Peers, model: AsyncModelServer, harness_factory: HarnessFactory
+) -> None:
+    import grpc
+
+    from oma.runtime.errors import error_info
+
+    harness = await harness_factory(local_peers, model.base_url)
+    async with connect(harness.address, token=local_peers.tokens.token_for("client")) as channel:
+        stub = harness_pb2_grpc.HarnessServiceStub(channel)
+        caps = await stub.GetCapabilities(harness_pb2.GetCapabilitiesRequest())
+        assert "oma.harness.v1" in caps.server_info.api_versions
+        assert caps.server_info.limits["harness.max_model_retries"] == 2
+        for session_id, code, reason in [
+            ("", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"),
+            ("not/a valid id", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"),
+            ("ses_unknown", grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND"),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await stub.Wake(harness_pb2.WakeRequest(session_id=session_id))
+            assert failure.value.code() == code
+            info = error_info(failure.value)
+            assert info is not None and info.reason == reason
+            assert failure.value.details()
+    # A sandbox-server token may not wake a harness.
+    async with connect(
+        harness.address, token=local_peers.tokens.token_for("sandbox_server")
+    ) as channel:
+        stub = harness_pb2_grpc.HarnessServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await stub.Wake(harness_pb2.WakeRequest(session_id="ses_x"))
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED

@@ -136,6 +136,7 @@ def start_stack(
     sandbox_image: str = "",
     startup_timeout: float = 60.0,
     record: bool = True,
+    grace_seconds: float | None = None,
 ) -> Stack:
     """Start session (SQLite), sandbox, vault and harness; return once all four serve.
 
@@ -156,6 +157,8 @@ def start_stack(
         return f"127.0.0.1:{DEFAULT_PORTS[name] if fixed_ports else 0}"
 
     common = ["--tokens", str(tokens)]
+    if grace_seconds is not None:
+        common += ["--grace-seconds", str(grace_seconds)]
     stack = Stack(
         StackInfo("", "", "", "", str(tokens), chosen, os.getpid(), model_base_url),
         data_dir=data_dir,

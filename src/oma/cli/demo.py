@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
                 fixed_ports=False,
                 model_base_url=model.base_url,
                 record=False,
+                grace_seconds=2,
             )
             print(renderer.s.dim(f"sandbox backend: {stack.info.sandbox_backend}"), flush=True)
             try:

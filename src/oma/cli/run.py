@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
                 fixed_ports=False,
                 model_base_url=args.model_base_url,
                 record=False,
+                grace_seconds=2,
             )
         except (RuntimeError, OSError) as error:
             print(f"oma run: {error}", file=sys.stderr)
