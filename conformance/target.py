@@ -39,8 +39,7 @@ class Target:
         if service not in self._capabilities:
             module = _pb2_module(service)
             response = await self.stub(service).GetCapabilities(module.GetCapabilitiesRequest())
-            info = next(f for f in ("server_info", "server") if response.HasField(f))
-            self._capabilities[service] = getattr(response, info)
+            self._capabilities[service] = response.server_info
         return set(self._capabilities[service].features)
 
     async def close(self) -> None:

@@ -194,7 +194,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             "sandbox.default_idle_timeout_seconds": int(limits.defaults.idle_timeout_seconds),
         }
         return pb.GetCapabilitiesResponse(
-            info=common_pb2.ServerInfo(
+            server_info=common_pb2.ServerInfo(
                 implementation="oma-reference",
                 version=__version__,
                 api_versions=["oma.sandbox.v1"],

@@ -200,7 +200,7 @@ class VaultServicer(vault_pb2_grpc.VaultServiceServicer):
             },
         )
         return vault_pb2.GetCapabilitiesResponse(
-            info=info,
+            server_info=info,
             credential_kinds=[int(k) for k in CredentialKind],  # type: ignore[misc]
         )
 

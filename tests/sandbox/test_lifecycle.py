@@ -38,14 +38,14 @@ async def test_capabilities(sandbox_server: SandboxServer) -> None:
     assert [t.name for t in caps.tools] == ["bash", "read", "write", "edit", "glob", "grep"]
     for tool in caps.tools:
         assert json.loads(tool.input_schema_json)["type"] == "object"
-    assert caps.info.limits["sandbox.max_output_bytes"] > 0
+    assert caps.server_info.limits["sandbox.max_output_bytes"] > 0
     assert (
-        caps.info.limits["sandbox.max_file_bytes"] == sandbox_server.manager.limits.max_file_bytes
+        caps.server_info.limits["sandbox.max_file_bytes"] == sandbox_server.manager.limits.max_file_bytes
     )
-    assert "oma.sandbox.v1" in caps.info.api_versions
-    assert "sandbox.execute_stream" in caps.info.features
-    assert "sandbox.network_allow_list" not in caps.info.features
-    restart = "sandbox.survives_server_restart" in caps.info.features
+    assert "oma.sandbox.v1" in caps.server_info.api_versions
+    assert "sandbox.execute_stream" in caps.server_info.features
+    assert "sandbox.network_allow_list" not in caps.server_info.features
+    restart = "sandbox.survives_server_restart" in caps.server_info.features
     assert restart == (sandbox_server.backend == "docker")
     assert caps.default_resources.memory_bytes > 0 and caps.default_resources.idle_timeout.seconds
 

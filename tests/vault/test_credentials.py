@@ -23,9 +23,9 @@ def bearer(token: str = SECRET) -> pb.CredentialSecret:
 async def test_capabilities_for_every_role(vault) -> None:
     for role in ("client", "harness", "sandbox_server", "admin"):
         caps = await vault.stub(role).GetCapabilities(pb.GetCapabilitiesRequest())
-        assert "oma.vault.v1" in caps.info.api_versions
-        assert "vault.proxy_stream" in caps.info.features
-        assert caps.info.limits["vault.max_response_bytes"] > 0
+        assert "oma.vault.v1" in caps.server_info.api_versions
+        assert "vault.proxy_stream" in caps.server_info.features
+        assert caps.server_info.limits["vault.max_response_bytes"] > 0
         assert pb.CREDENTIAL_KIND_OAUTH in caps.credential_kinds
 
 

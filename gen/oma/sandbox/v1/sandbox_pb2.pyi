@@ -150,7 +150,7 @@ class GetCapabilitiesResponse(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    INFO_FIELD_NUMBER: _builtins.int
+    SERVER_INFO_FIELD_NUMBER: _builtins.int
     BACKEND_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     DEFAULT_RESOURCES_FIELD_NUMBER: _builtins.int
@@ -160,7 +160,7 @@ class GetCapabilitiesResponse(_message.Message):
     default_image: _builtins.str
     """Image a `Provision` with an empty `image` gets."""
     @_builtins.property
-    def info(self) -> _common_pb2.ServerInfo:
+    def server_info(self) -> _common_pb2.ServerInfo:
         """Implementation, version, contract versions, features and limits (names in the file
         comment above).
         """
@@ -176,15 +176,15 @@ class GetCapabilitiesResponse(_message.Message):
     def __init__(
         self,
         *,
-        info: _common_pb2.ServerInfo | None = ...,
+        server_info: _common_pb2.ServerInfo | None = ...,
         backend: _builtins.str = ...,
         tools: _abc.Iterable[Global___ToolSpec] | None = ...,
         default_resources: Global___Resources | None = ...,
         default_image: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["default_resources", b"default_resources", "info", b"info"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["default_resources", b"default_resources", "server_info", b"server_info"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "default_image", b"default_image", "default_resources", b"default_resources", "info", b"info", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "default_image", b"default_image", "default_resources", b"default_resources", "server_info", b"server_info", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

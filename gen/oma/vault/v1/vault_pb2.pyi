@@ -417,10 +417,10 @@ class GetCapabilitiesResponse(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    INFO_FIELD_NUMBER: _builtins.int
+    SERVER_INFO_FIELD_NUMBER: _builtins.int
     CREDENTIAL_KINDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def info(self) -> _common_pb2.ServerInfo:
+    def server_info(self) -> _common_pb2.ServerInfo:
         """Implementation, versions, optional features and limits (names in `GetCapabilities`)."""
 
     @_builtins.property
@@ -430,12 +430,12 @@ class GetCapabilitiesResponse(_message.Message):
     def __init__(
         self,
         *,
-        info: _common_pb2.ServerInfo | None = ...,
+        server_info: _common_pb2.ServerInfo | None = ...,
         credential_kinds: _abc.Iterable[Global___CredentialKind.ValueType] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["server_info", b"server_info"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_kinds", b"credential_kinds", "info", b"info"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_kinds", b"credential_kinds", "server_info", b"server_info"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
