@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     from oma.runtime.cli import announce, server_options_from_args
     from oma.runtime.server import run_until_signal
+    from oma.servers.harness import faults
     from oma.servers.harness.app import HarnessConfig, start_harness
     from oma.servers.harness.driver import DriverConfig
     from oma.servers.harness.loop import LoopConfig
@@ -69,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     if args.lease_ttl_seconds <= 0:
         raise SystemExit("--lease-ttl-seconds must be > 0")
     options = server_options_from_args(args)
+    try:
+        faults.validate()
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     config = HarnessConfig(
         session_address=args.session,
         sandbox_address=args.sandbox,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import anthropic
 
-from oma.servers.harness import conversation
+from oma.servers.harness import conversation, faults
 from oma.servers.harness.loop import LoopConfig, Turn
 from oma.servers.harness.ports import Lease, LeaseHeld, LeaseLost, SandboxPort, SessionPort
 
@@ -79,6 +79,7 @@ class Driver:
                 )
             except LeaseHeld as held:
                 return WakeResult(Outcome.ALREADY_DRIVEN, held.holder_id)
+            faults.reach("after_lease")
             try:
                 definition = await self._session.definition(session_id)
                 events = await self._session.read_events(session_id, 0)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import anthropic
 
-from oma.servers.harness import conversation, tools
+from oma.servers.harness import conversation, faults, tools
 from oma.servers.harness import events as ev
 from oma.servers.harness.events import Definition, LogEvent, NewEvent
 from oma.servers.harness.model import ModelFailure, ModelReply, stream_reply
@@ -92,6 +92,7 @@ class Turn:
     async def run(self) -> str:
         """Run to idle; returns the stop reason written. Raises `LeaseLost` if fenced out."""
         await self._append(NewEvent(f"run.{self.last_seq}", ev.STATUS_RUNNING))
+        faults.reach("after_running")
         while True:
             pending = conversation.pending_tool_uses(self._log)
             if pending:
@@ -108,6 +109,7 @@ class Turn:
                             is_error=output.is_error,
                         )
                     )
+                    faults.reach("after_tool_result")
                 continue
             messages = conversation.build_messages(self._log)
             if not messages or messages[-1]["role"] == "assistant":
@@ -141,9 +143,11 @@ class Turn:
         await self._idle(ev.STOP_RETRIES_EXHAUSTED)
 
     async def _idle(self, stop_reason: str) -> str:
+        faults.reach("before_idle")
         await self._append(
             NewEvent(f"idle.{self.last_seq}", ev.STATUS_IDLE, stop_reason=stop_reason)
         )
+        faults.reach("after_idle")
         return stop_reason
 
     async def _call_model(self, messages: list[dict[str, object]]) -> ModelReply | None:
@@ -152,6 +156,7 @@ class Turn:
         turn = f"t{base}"
         d = self._definition
         await self._append(NewEvent(f"m{base}.start", ev.SPAN_START, turn_id=turn, model=d.model))
+        faults.reach("after_model_request_start")
         preview_after = self.last_seq
         failure: ModelFailure | None = None
         for attempt in range(self._config.max_model_retries + 1):
@@ -216,6 +221,7 @@ class Turn:
                 )
             )
             await self._append(*batch)
+            faults.reach("after_tool_use")
             return reply
         await self._append(
             NewEvent(
@@ -237,6 +243,7 @@ class Turn:
         return random.uniform(ceiling / 2, ceiling)
 
     async def _preview(self, after_seq: int, text: str) -> None:
+        faults.reach("mid_model_stream")
         try:
             await self._session.publish_preview(self._lease, after_seq, text)
         except Exception as error:  # previews are best-effort; the stored message is the truth
@@ -258,9 +265,17 @@ class Turn:
                     f"{self.session_id}.{tool_use.tool_use_id}",
                     self._definition.environment,
                 )
-            return await self._sandbox.execute(
-                self._sandbox_id, tool_use.tool_name, tool_use.tool_input, tool_use.tool_use_id
+            faults.reach("before_execute")
+            execution = asyncio.ensure_future(
+                self._sandbox.execute(
+                    self._sandbox_id, tool_use.tool_name, tool_use.tool_input, tool_use.tool_use_id
+                )
             )
+            if faults.armed("during_execute"):
+                # Crash once the sandbox has the call and is running it.
+                await asyncio.wait({execution}, timeout=0.5)
+                faults.crash()
+            return await execution
         except ToolFailed as failed:
             log.warning(
                 "session %s: tool %s failed: %s", self.session_id, tool_use.tool_use_id, failed
