@@ -137,6 +137,7 @@ class Change:
     state: SessionState
     events: list[events_pb2.Event] = field(default_factory=list)
     lease_changed: bool = False
+    notified: bool = False  # PostgreSQL: NOTIFY already sent inside the transaction
 
 
 Listener = Callable[[Change], None]
@@ -201,6 +202,9 @@ class SessionStore:
         self._after_append_sql = (
             f"UPDATE oma_sessions SET {assignments} WHERE pk = {marks(1, len(names))}"
         )
+        if not db.is_sqlite:
+            # The NOTIFY rides the UPDATE's round trip (RETURNING runs once, for the one row).
+            self._after_append_sql += f" RETURNING pg_notify('{NOTIFY_CHANNEL}', $10)"
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -228,6 +232,12 @@ class SessionStore:
         return result
 
     def _notify(self, conn: Connection, change: Change) -> None:
+        if not change.notified:
+            conn.exec_driver_sql(
+                "SELECT pg_notify($1, $2)", (NOTIFY_CHANNEL, self._payload(change))
+            )
+
+    def _payload(self, change: Change) -> str:
         if change.events:
             payload = (
                 f"{self.origin} a {change.session_id} {change.events[0].seq} "
@@ -235,7 +245,7 @@ class SessionStore:
             )
         else:
             payload = f"{self.origin} l {change.session_id} 0 {change.state.last_seq}"
-        conn.exec_driver_sql("SELECT pg_notify($1, $2)", (NOTIFY_CHANNEL, payload))
+        return payload
 
     async def notify_preview(self, preview: Any) -> None:
         """Broadcast a preview to the other servers on PostgreSQL (no-op on SQLite)."""
@@ -439,21 +449,23 @@ class SessionStore:
             state.last_seq = seq
             state.update_time_us = now
             conn.exec_driver_sql(self._insert_events, rows)
-            conn.exec_driver_sql(
-                self._after_append_sql,
-                (
-                    state.last_seq,
-                    state.status,
-                    state.stop_reason,
-                    state.last_user_seq,
-                    state.last_idle_seq,
-                    now,
-                    state.lease_holder,
-                    state.lease_expire_us,
-                    state.pk,
-                ),
+            change = Change(session_id, state, stored)
+            values: tuple[Any, ...] = (
+                state.last_seq,
+                state.status,
+                state.stop_reason,
+                state.last_user_seq,
+                state.last_idle_seq,
+                now,
+                state.lease_holder,
+                state.lease_expire_us,
+                state.pk,
             )
-            changes.append(Change(session_id, state, stored))
+            if not self.db.is_sqlite:
+                values += (self._payload(change),)
+                change.notified = True
+            conn.exec_driver_sql(self._after_append_sql, values).all()
+            changes.append(change)
             return AppendResult([e.seq for e in stored], state.last_seq, False, stored)
 
         return await self._write(append)
