@@ -8,8 +8,11 @@ What they do is steered by request metadata, so the tests drive real RPCs of rea
 - `x-probe-action: crash`  → raise `RuntimeError` (the runtime must answer INTERNAL)
 - `x-probe-action: slow`   → sleep `x-probe-seconds` before answering (shutdown tests)
 - `x-probe-action: block`  → wait until the test sets `ProbeState.release`
+- `x-probe-action: big`    → answer with a 4 KiB (unknown-field) response
 - `x-probe-action: relay`  → call `GetCapabilities` on `ProbeState.relay_to` and answer
 - `x-probe-action: hold`   → (streams) after `x-probe-count` messages, stay open forever
+- `x-probe-action: until-shutdown` → (streams) after the messages, wait for the server's
+  shutdown (`oma.runtime.server.shutting_down()`) and end the stream itself
 - `x-probe-action: write`  → (streams) send with `context.write` instead of yielding
 
 Run as a script it is a server CLI built on `oma.runtime.cli` (for the SIGTERM test):
@@ -35,12 +38,26 @@ from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 import oma
 from oma.runtime import auth, trace
 from oma.runtime.client import connect
-from oma.runtime.errors import OmaError
-from oma.runtime.server import Service
+from oma.runtime.errors import OmaError, shutting_down_error
+from oma.runtime.server import Service, is_shutting_down, shutting_down
 
 ACTION = "x-probe-action"
 COUNT = "x-probe-count"
 SECONDS = "x-probe-seconds"
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+# Field 2047, wire type 2, 4 KiB: valid for any message, kept and re-sent as an unknown field.
+BIG_UNKNOWN_FIELD = _varint(2047 << 3 | 2) + _varint(4096) + b"x" * 4096
 
 
 @dataclass(frozen=True)
@@ -129,6 +146,8 @@ def make_servicer(spec: ServiceSpec, state: ProbeState) -> Any:
             await asyncio.sleep(float(meta.get(SECONDS, "1")))
         if action == "block":
             await state.release.wait()
+        if action == "big":
+            return unary_response.FromString(BIG_UNKNOWN_FIELD)
         if action == "relay":
             assert state.relay_to is not None and state.relay_service is not None
             async with connect(state.relay_to, token=state.relay_token) as channel:
@@ -154,6 +173,11 @@ def make_servicer(spec: ServiceSpec, state: ProbeState) -> Any:
                 raise RuntimeError("probe stream crashed on purpose")
             if action == "hold":
                 await asyncio.Event().wait()
+            if action == "until-shutdown":
+                assert not is_shutting_down()
+                await shutting_down()
+                assert is_shutting_down()
+                raise shutting_down_error()
 
         async def write(meta: dict[str, str], context: Any) -> None:
             async for response in generate(meta):

@@ -12,7 +12,7 @@ import pytest
 from conftest import Pki, ProbeServer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from runtime_probe import ACTION, COUNT, ProbeState, ServiceSpec
+from runtime_probe import ACTION, BIG_UNKNOWN_FIELD, COUNT, ProbeState, ServiceSpec
 
 from oma.runtime import trace
 from oma.runtime.client import ClientTls, connect
@@ -376,26 +376,57 @@ async def test_port_zero_gives_a_dialable_address_and_busy_port_fails(start_prob
         await start_probe(listen=f"127.0.0.1:{port}")
 
 
-async def test_messages_over_the_limit_are_refused(
+async def test_messages_over_the_limit_are_refused_both_ways(
     start_probe: Any, specs: list[ServiceSpec]
 ) -> None:
     server = await start_probe(max_message_bytes=1024)
     spec = specs[0]
     method = f"/{spec.name}/GetCapabilities"
     async with server.channel() as channel:
-        # Raw bytes: an unknown field 15 of 4 KiB (valid protobuf wire format).
-        big = b"\x7a" + _varint(4096) + b"x" * 4096
+        # Raw bytes through the generic (unregistered) path: 4 KiB of unknown field.
         call = channel.unary_unary(method)
-        error = await _fails(call(big))
+        error = await _fails(call(BIG_UNKNOWN_FIELD))
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert await call(b"") == b""  # a small request of the same method still works
+        # The server will not send more than the limit either.
+        error = await _fails(
+            spec.stub(channel).GetCapabilities(
+                spec.request(spec.unary), metadata=((ACTION, "big"),)
+            )
+        )
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    async with server.channel(role=None) as channel:
+        # The generic path is guarded like the registered one.
+        error = await _fails(channel.unary_unary(method)(b""))
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
+async def test_tls_server_name_override(
+    start_probe: Any, pki: Pki, specs: list[ServiceSpec]
+) -> None:
+    server = await start_probe(tls=ServerTls(cert=pki.server_cert, key=pki.server_key))
+    spec = specs[0]
+    token = server.tokens.token_for("admin")
+    good = ClientTls(ca=pki.ca, server_name="localhost")
+    async with connect(server.address, token=token, tls=good) as channel:
+        await spec.stub(channel).GetCapabilities(spec.request(spec.unary), timeout=10)
+    wrong = ClientTls(ca=pki.ca, server_name="not-this-server.example")
+    async with connect(server.address, token=token, tls=wrong) as channel:
+        error = await _fails(
+            spec.stub(channel).GetCapabilities(spec.request(spec.unary), timeout=10)
+        )
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_service_can_report_itself_not_serving(
+    probe: ProbeServer, specs: list[ServiceSpec]
+) -> None:
+    name = specs[0].name
+    async with probe.channel(role=None) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        await probe.running.set_serving(name, False)
+        reply = await health.Check(health_pb2.HealthCheckRequest(service=name))
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        await probe.running.set_serving(name, True)
+        reply = await health.Check(health_pb2.HealthCheckRequest(service=name))
+        assert reply.status == SERVING

@@ -162,3 +162,43 @@ async def test_unary_calls_past_the_grace_end_with_unavailable(
         except grpc.aio.AioRpcError as error:
             assert error.code() == grpc.StatusCode.UNAVAILABLE
             assert error_info(error).reason == "SERVER_SHUTTING_DOWN"  # type: ignore[union-attr]
+
+
+async def test_a_stream_can_end_itself_on_shutdown(
+    start_probe: Any, specs: list[ServiceSpec]
+) -> None:
+    server = await start_probe(grace_seconds=30)
+    spec = _stream_spec(specs)
+    assert spec.stream is not None
+    async with server.channel() as channel:
+        call = getattr(spec.stub(channel), spec.stream.name)(
+            spec.request(spec.stream), metadata=((ACTION, "until-shutdown"), (COUNT, "1"))
+        )
+        assert await call.read() is not grpc.aio.EOF
+        await server.running.stop()
+        error = await _stream_end(call)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_info(error).reason == "SERVER_SHUTTING_DOWN"  # type: ignore[union-attr]
+    # UNAVAILABLE (not INTERNAL) also means the handler's own is_shutting_down checks held.
+
+
+async def test_hurry_cuts_the_grace_short(start_probe: Any, specs: list[ServiceSpec]) -> None:
+    server = await start_probe(grace_seconds=3600)
+    spec = specs[0]
+    async with server.channel() as channel:
+        unary = asyncio.ensure_future(
+            spec.stub(channel).GetCapabilities(
+                spec.request(spec.unary), metadata=((ACTION, "block"),)
+            )
+        )
+        while await server.state.started.get() != "GetCapabilities:block":
+            pass
+        stopping = asyncio.ensure_future(server.running.stop())
+        await asyncio.sleep(0)  # let the stop begin; hurry works at any point of it anyway
+        server.running.hurry()  # what a second SIGTERM does
+        await stopping  # returns although the grace is an hour and the call never finishes
+        try:
+            await unary
+            raise AssertionError("the blocked call succeeded")
+        except grpc.aio.AioRpcError as error:
+            assert error_info(error).reason == "SERVER_SHUTTING_DOWN"  # type: ignore[union-attr]

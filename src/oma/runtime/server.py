@@ -19,7 +19,9 @@
   on `CancelledError` — then the server closes.
   Handlers may `await shutting_down()` to end a stream on their own terms first.
 
-`run_until_signal(running)` waits for SIGTERM or SIGINT and then stops gracefully.
+`run_until_signal(running)` waits for SIGTERM or SIGINT and then stops gracefully; a second
+signal ends every call at once. `running.set_serving(service, bool)` lets a server report a
+service NOT_SERVING (e.g. its database is down) and back.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ logger = logging.getLogger("oma.runtime")
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _FLUSH_SECONDS = 2.0  # time aborted calls get to deliver their status
 _CLOSE_SECONDS = 0.5  # then gRPC cancels whatever is left
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ class RunningServer:
         self._tracker = tracker
         self._unix_path = unix_path
         self._stop_task: asyncio.Task[None] | None = None
+        self._hurry = asyncio.Event()
 
     @property
     def tls(self) -> bool:
@@ -153,11 +157,26 @@ class RunningServer:
             self._stop_task = asyncio.ensure_future(self._stop(grace))
         await asyncio.shield(self._stop_task)
 
+    def hurry(self) -> None:
+        """Cut a graceful stop in progress short: end all calls now (a second SIGTERM)."""
+        self._hurry.set()
+
+    async def set_serving(self, service: str, serving: bool) -> None:
+        """Report one service (or "" for the whole server) as SERVING or NOT_SERVING, e.g.
+        while its database is unreachable. Ignored once shutdown has begun."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else NOT_SERVING
+        await self.health.set(service, status)
+
     async def _stop(self, grace: float) -> None:
         self._tracker.shutting_down.set()
         await self.health.enter_graceful_shutdown()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._tracker.wait_idle(streaming=False), max(grace, 0.0))
+        unary_done = asyncio.ensure_future(self._tracker.wait_idle(streaming=False))
+        hurried = asyncio.ensure_future(self._hurry.wait())
+        await asyncio.wait(
+            {unary_done, hurried}, timeout=max(grace, 0.0), return_when=asyncio.FIRST_COMPLETED
+        )
+        unary_done.cancel()
+        hurried.cancel()
         streams = self._tracker.abort(streaming=True)
         late = self._tracker.abort(streaming=False)  # unary calls still running past the grace
         if streams or late:
@@ -294,11 +313,21 @@ async def start_server(services: Sequence[Service], options: ServerOptions) -> R
 async def run_until_signal(
     running: RunningServer, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)
 ) -> None:
-    """Serve until one of `signals` arrives (or the server stops), then stop gracefully."""
+    """Serve until one of `signals` arrives (or the server stops), then stop gracefully.
+
+    A second signal during the grace period ends every call at once.
+    """
     loop = asyncio.get_running_loop()
     received = asyncio.Event()
+
+    def on_signal() -> None:
+        if received.is_set():
+            logger.warning("second signal: ending all calls now")
+            running.hurry()
+        received.set()
+
     for sig in signals:
-        loop.add_signal_handler(sig, received.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         terminated = asyncio.ensure_future(running.wait_for_termination())
         signalled = asyncio.ensure_future(received.wait())
