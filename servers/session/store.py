@@ -464,7 +464,9 @@ class SessionStore:
             if not self.db.is_sqlite:
                 values += (self._payload(change),)
                 change.notified = True
-            conn.exec_driver_sql(self._after_append_sql, values).all()
+            result = conn.exec_driver_sql(self._after_append_sql, values)
+            if change.notified:
+                result.all()  # the RETURNING row: the NOTIFY was queued
             changes.append(change)
             return AppendResult([e.seq for e in stored], state.last_seq, False, stored)
 
