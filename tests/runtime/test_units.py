@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import stat
 import subprocess
 import sys
@@ -48,6 +49,20 @@ def test_token_file_round_trips_with_mode_0600(tmp_path: Path) -> None:
     assert set(data) == set(auth.ROLES)
     loaded = TokenTable.load(path)
     assert all(loaded.token_for(r) == table.token_for(r) for r in auth.ROLES)
+
+
+def test_loading_a_world_readable_token_file_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "tokens.json"
+    TokenTable.generate().save(path)
+    with caplog.at_level(logging.WARNING, logger="oma.runtime"):
+        TokenTable.load(path)
+    assert not caplog.records
+    path.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="oma.runtime"):
+        TokenTable.load(path)
+    assert "chmod 600" in caplog.text
 
 
 def test_token_table_accepts_several_tokens_per_role_for_rotation() -> None:

@@ -4,8 +4,8 @@ context, tracks the call for graceful shutdown, and turns exceptions into status
 Handlers are wrapped once, when a service registers itself (`Registrar` stands in for the
 server in the generated `add_*Servicer_to_server`), rather than by a gRPC interceptor on
 every call: the wrapper is then the only per-call cost. Health and reflection are
-registered on the server directly and never wrapped ([COMMON-AUTH-002]). Response streams are always driven by the wrapper itself with
-`context.write`, so every await of a stream — in the servicer's generator or in the write —
+registered on the server directly and never wrapped ([COMMON-AUTH-002]). Response streams
+are always driven by the wrapper itself with `context.write`, so every await of a stream — in the servicer's generator or in the write —
 happens inside the wrapper, which is what lets shutdown end an open stream with a proper
 `UNAVAILABLE` status instead of a bare cancellation.
 """
@@ -39,17 +39,23 @@ class CallTracker:
     def __init__(self) -> None:
         self.shutting_down = asyncio.Event()
         self._calls: dict[asyncio.Task[Any], tuple[bool, bool]] = {}  # → (streaming, aborted)
+        self._open = {False: 0, True: 0}
         self._idle = {False: asyncio.Event(), True: asyncio.Event()}
         for event in self._idle.values():
             event.set()
 
     def started(self, task: asyncio.Task[Any], streaming: bool) -> None:
         self._calls[task] = (streaming, False)
+        self._open[streaming] += 1
         self._idle[streaming].clear()
 
     def finished(self, task: asyncio.Task[Any]) -> None:
-        streaming, _ = self._calls.pop(task, (False, False))
-        if not any(kind == streaming for kind, _ in self._calls.values()):
+        record = self._calls.pop(task, None)
+        if record is None:
+            return
+        streaming = record[0]
+        self._open[streaming] -= 1
+        if self._open[streaming] == 0:
             self._idle[streaming].set()
 
     async def wait_idle(self, streaming: bool) -> None:
@@ -133,7 +139,10 @@ async def _abort(context: aio.ServicerContext[Any, Any], error: OmaError) -> Non
 
 async def _abort_internal(context: aio.ServicerContext[Any, Any], method: str) -> None:
     error_id = uuid.uuid4().hex[:16]
-    logger.exception("internal error %s in %s", error_id, method)
+    ctx = trace.current()
+    logger.exception(
+        "internal error %s in %s (trace %s)", error_id, method, ctx.trace_id if ctx else "-"
+    )
     await _abort(
         context,
         OmaError(

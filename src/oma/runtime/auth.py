@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextvars
 import hmac
 import json
+import logging
 import os
 import secrets
 from collections.abc import Iterable, Mapping
@@ -27,6 +28,8 @@ from pathlib import Path
 from google.protobuf import descriptor_pool
 
 from oma.common.v1 import common_pb2
+
+logger = logging.getLogger("oma.runtime")
 
 CLIENT = "client"
 HARNESS = "harness"
@@ -79,6 +82,10 @@ class TokenTable:
         """Read a JSON token file; errors name the file and what is wrong with it."""
         file = Path(path)
         try:
+            if file.stat().st_mode & 0o077:
+                logger.warning(
+                    "token file %s is readable by other users; run: chmod 600 %s", file, file
+                )
             data = json.loads(file.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ValueError(f"token file {file} does not exist") from None
