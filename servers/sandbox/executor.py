@@ -8,15 +8,16 @@ twice and a client can re-attach to a running execution, even after the sandbox 
 
 Stdlib only, Python 3.11+: it must run on any image with `python3`.
 
-Wire protocol (one connection per request): the client sends one JSON line, optionally followed
-by binary frames (4-byte big-endian length, then the bytes; a zero length ends the data). The
-executor answers with JSON lines (and frames for `get_file`). Every request error is a line
-`{"ev": "error", "reason": REASON, "message": TEXT}` with REASON an OMA `ErrorReason` name.
+Wire protocol (requests one after another on a connection): the client sends one JSON line,
+optionally followed by binary frames (4-byte big-endian length, then the bytes; a zero length
+ends the data). The executor answers with JSON lines (and frames for `get_file`). Every request
+error is a line `{"ev": "error", "reason": REASON, "message": TEXT}` with REASON an OMA
+`ErrorReason` name, after which the executor closes the connection.
 """
 
 # The executor owns its sandbox: local file operations in its event loop are short and
 # cannot stall anyone else, so the async-blocking lints do not apply here.
-# ruff: noqa: ASYNC109, ASYNC220, ASYNC230, ASYNC240
+# ruff: noqa: ASYNC109, ASYNC230, ASYNC240
 
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ OUTPUT_DIR_NAME = ".oma/outputs"
 FRAME = struct.Struct(">I")
 CHUNK = 64 * 1024
 TOOLS = ("bash", "read", "write", "edit", "glob", "grep")
+# A shell started ahead of its call: it reads the whole command from stdin, then runs it.
+WARM_SHELL = ["/bin/bash", "-c", "source /dev/stdin"]
+WARM_SHELLS = 2
+WARM_COMMAND_MAX = 32 * 1024  # longer commands get a shell of their own (`bash -c`)
 
 
 class RequestError(Exception):
@@ -237,6 +242,8 @@ class Executor:
         self.socket_path = socket_path
         self.executions: dict[str, Execution] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.warm_shells: collections.deque[subprocess.Popen[bytes]] = collections.deque()
+        self.refilling = False
         self.env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": self.ws.root,
@@ -249,22 +256,26 @@ class Executor:
     # ---- connection handling
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serves requests one after another on a connection until the client closes it; an
+        error answer closes the connection (its state is then unknown)."""
+        handlers: dict[str, Callable[..., Any]] = {
+            "ping": self.op_ping,
+            "exec": self.op_exec,
+            "put_file": self.op_put_file,
+            "get_file": self.op_get_file,
+            "untar": self.op_untar,
+        }
         try:
-            line = await reader.readline()
-            if not line:
-                return
-            request = json.loads(line)
-            op = request.get("op")
-            handler: Callable[..., Any] | None = {
-                "ping": self.op_ping,
-                "exec": self.op_exec,
-                "put_file": self.op_put_file,
-                "get_file": self.op_get_file,
-                "untar": self.op_untar,
-            }.get(op)
-            if handler is None:
-                raise RequestError("INVALID_FIELD", f"unknown executor operation {op!r}")
-            await handler(request, reader, writer)
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                request = json.loads(line)
+                op = request.get("op")
+                handler = handlers.get(op)
+                if handler is None:
+                    raise RequestError("INVALID_FIELD", f"unknown executor operation {op!r}")
+                await handler(request, reader, writer)
         except RequestError as error:
             await send(writer, {"ev": "error", "reason": error.reason, "message": error.message})
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -367,6 +378,8 @@ class Executor:
             command = tool_input.get("command")
             if not isinstance(command, str) or not command.strip():
                 raise RequestError("INVALID_TOOL_INPUT", "`command` must be a non-empty string")
+            if "\x00" in command:
+                raise RequestError("INVALID_TOOL_INPUT", "`command` contains a NUL character")
             if not timeout_ms:
                 timeout_ms = tool_input.get("timeout_ms") or DEFAULT_TIMEOUT_MS
             if not isinstance(timeout_ms, int) or timeout_ms <= 0:
@@ -455,32 +468,94 @@ class Executor:
     async def run_bash(
         self, execution: Execution, out: OutputCollector, command: str, timeout: float
     ) -> dict[str, Any]:
-        return await self.run_process(execution, out, ["/bin/bash", "-c", command], timeout)
+        encoded = command.encode("utf-8", errors="surrogatepass")
+        if len(encoded) > WARM_COMMAND_MAX:
+            return await self.run_process(
+                execution, out, self.spawn(["/bin/bash", "-c", command]), timeout
+            )
+        proc = self.take_warm_shell()
+        assert proc.stdin is not None
+        try:
+            # The shell waits in `source /dev/stdin`; it runs the command once stdin closes.
+            proc.stdin.write(encoded)
+            proc.stdin.close()
+        except OSError:
+            proc.kill()
+            proc.wait()
+            proc = self.spawn(["/bin/bash", "-c", command])
+        try:
+            return await self.run_process(execution, out, proc, timeout)
+        finally:
+            # Started once the call is over, so that it never competes with the call for CPU.
+            self.refill_warm_shells()
 
-    async def run_grep(
-        self, execution: Execution, out: OutputCollector, argv: list[str]
-    ) -> dict[str, Any]:
-        fields = await self.run_process(execution, out, argv, MAX_TIMEOUT_MS / 1000)
-        if fields["exit_code"] == 1 and out.total == 0:
-            # grep's "no match" is an answer, not a failure.
-            fields.update(is_error=False, exit_code=0, suffix="No matches found.")
-        return fields
-
-    async def run_process(
-        self, execution: Execution, out: OutputCollector, argv: list[str], timeout: float
-    ) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        # Plain Popen plus loop readers rather than asyncio's subprocess transport: the call
-        # must end when its process exits, even while a leftover child still holds a pipe.
-        proc = subprocess.Popen(
+    def spawn(self, argv: list[str], stdin: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=self.ws.root,
             env=self.env,
             start_new_session=True,
         )
+
+    def take_warm_shell(self) -> subprocess.Popen[bytes]:
+        """A fresh, never used `bash` in its own session, started ahead of the call so that
+        the call does not wait for fork, exec and bash's start-up. Two are kept, so that the
+        one taken has had a whole call's time to finish starting."""
+        while self.warm_shells:
+            proc = self.warm_shells.popleft()
+            if proc.poll() is None:
+                return proc
+            self._close_pipes(proc)
+        return self.spawn(WARM_SHELL, stdin=subprocess.PIPE)
+
+    def refill_warm_shells(self) -> None:
+        if self.refilling:
+            return
+        self.refilling = True
+
+        async def refill() -> None:
+            try:
+                while len(self.warm_shells) < WARM_SHELLS:
+                    shell = await asyncio.to_thread(self.spawn, WARM_SHELL, subprocess.PIPE)
+                    self.warm_shells.append(shell)
+            except Exception:
+                pass  # e.g. the pids limit is reached: a call then spawns its own shell
+            finally:
+                self.refilling = False
+
+        task = asyncio.ensure_future(refill())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    @staticmethod
+    def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+    async def run_grep(
+        self, execution: Execution, out: OutputCollector, argv: list[str]
+    ) -> dict[str, Any]:
+        fields = await self.run_process(execution, out, self.spawn(argv), MAX_TIMEOUT_MS / 1000)
+        if fields["exit_code"] == 1 and out.total == 0:
+            # grep's "no match" is an answer, not a failure.
+            fields.update(is_error=False, exit_code=0, suffix="No matches found.")
+        return fields
+
+    async def run_process(
+        self,
+        execution: Execution,
+        out: OutputCollector,
+        proc: subprocess.Popen[bytes],
+        timeout: float,
+    ) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        # Plain Popen plus loop readers rather than asyncio's subprocess transport: the call
+        # must end when its process exits, even while a leftover child still holds a pipe.
         assert proc.stdout is not None and proc.stderr is not None
         open_pipes: dict[int, asyncio.Future[None]] = {}
 
@@ -837,6 +912,7 @@ async def main_async(args: argparse.Namespace) -> None:
     # socket never connects too early.
     os.rename(temp_socket, args.socket)
     housekeeping = asyncio.ensure_future(executor.forget_old_records())
+    executor.refill_warm_shells()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

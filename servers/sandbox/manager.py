@@ -93,6 +93,7 @@ class SandboxManager:
         self.by_request: dict[str, str] = {}
         self.in_flight: dict[str, asyncio.Future[Sandbox]] = {}
         self.last_used: dict[str, float] = {}
+        self.clients: dict[str, ExecutorClient] = {}
         self._reaper: asyncio.Task[None] | None = None
 
     @property
@@ -167,6 +168,9 @@ class SandboxManager:
             sandbox.terminate_time = self.clock()
             sandbox.terminate_reason = reason
             log.info("sandbox %s terminated: %s", sandbox_id, reason)
+        client = self.clients.pop(sandbox_id, None)
+        if client is not None:
+            client.close()
         await self.backend.destroy(sandbox_id)
         return sandbox
 
@@ -281,7 +285,8 @@ class SandboxManager:
         self.last_used[sandbox.id] = now
         try:
             socket = await self.backend.create(sandbox, self.limits.max_output_bytes)
-            await self._run_init_steps(sandbox, ExecutorClient(socket), spec, vault_session_token)
+            client = self.clients[sandbox.id] = ExecutorClient(socket)
+            await self._run_init_steps(sandbox, client, spec, vault_session_token)
             await self.backend.mark_ready(sandbox.id)
         except BaseException as error:
             reason = error.message if isinstance(error, SandboxError) else repr(error)
@@ -380,7 +385,10 @@ class SandboxManager:
         if sandbox.state is not SandboxState.READY:
             raise self._terminated_error(sandbox)
         self.last_used[sandbox_id] = self.clock()
-        return ExecutorClient(self.backend.socket_path(sandbox_id))
+        client = self.clients.get(sandbox_id)
+        if client is None:
+            client = self.clients[sandbox_id] = ExecutorClient(self.backend.socket_path(sandbox_id))
+        return client
 
     def _terminated_error(self, sandbox: Sandbox) -> SandboxError:
         return SandboxError(

@@ -1,6 +1,7 @@
 """The host side of the executor protocol (see `executor.py` for the wire format).
 
-One unix-socket connection per request. A connection that cannot be made, or that breaks
+Requests go one at a time over unix-socket connections that are kept open and reused (a
+connection costs more than a short tool call). A connection that cannot be made, or that breaks
 before the answer is complete, raises `ExecutorUnreachable`; the manager then asks the backend
 whether the sandbox died.
 """
@@ -21,6 +22,9 @@ from oma.servers.sandbox.model import ExecutionResult, SandboxError, StreamEvent
 FRAME = struct.Struct(">I")
 _READ_LIMIT = 1 << 24
 _MAX_SOCKET_PATH = 100
+_MAX_IDLE = 8
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class ExecutorUnreachable(Exception):
@@ -28,10 +32,13 @@ class ExecutorUnreachable(Exception):
 
 
 class ExecutorClient:
+    """Talks to one sandbox's executor; keep one instance per sandbox to reuse connections."""
+
     def __init__(self, socket_path: Path) -> None:
         self.socket_path = socket_path
+        self._idle: list[Connection] = []
 
-    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _open(self) -> Connection:
         path = str(self.socket_path)
         directory_fd = -1
         try:
@@ -47,17 +54,40 @@ class ExecutorClient:
             if directory_fd >= 0:
                 os.close(directory_fd)
 
-    async def _request(
-        self, request: dict[str, Any]
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await self._open()
-        try:
-            writer.write(json.dumps(request).encode() + b"\n")
-            await writer.drain()
-        except OSError as error:
-            writer.close()
-            raise ExecutorUnreachable(str(error)) from error
-        return reader, writer
+    def _release(self, connection: Connection) -> None:
+        if len(self._idle) < _MAX_IDLE and not connection[1].is_closing():
+            self._idle.append(connection)
+        else:
+            connection[1].close()
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop()[1].close()
+
+    async def _start(self, request: dict[str, Any]) -> tuple[Connection, dict[str, Any]]:
+        """Sends a request and reads the first answer line. An idle connection that turns
+        out dead (the executor restarted) is replaced once by a fresh one; nothing reached
+        the executor on it, so the retry cannot run anything twice."""
+        payload = json.dumps(request).encode() + b"\n"
+        while True:
+            reused = bool(self._idle)
+            reader, writer = self._idle.pop() if reused else await self._open()
+            try:
+                writer.write(payload)
+                await writer.drain()
+                line = await reader.readline()
+            except (OSError, asyncio.IncompleteReadError):
+                line = b""
+            if not line:
+                writer.close()
+                if reused:
+                    continue
+                raise ExecutorUnreachable("the executor closed the connection")
+            event: dict[str, Any] = json.loads(line)
+            if event.get("ev") == "error":
+                writer.close()
+                raise SandboxError(str(event["reason"]), str(event["message"]))
+            return (reader, writer), event
 
     @staticmethod
     async def _line(reader: asyncio.StreamReader) -> dict[str, Any]:
@@ -73,11 +103,9 @@ class ExecutorClient:
         return event
 
     async def ping(self) -> dict[str, Any]:
-        reader, writer = await self._request({"op": "ping"})
-        try:
-            return await self._line(reader)
-        finally:
-            writer.close()
+        connection, event = await self._start({"op": "ping"})
+        self._release(connection)
+        return event
 
     async def execute(
         self,
@@ -91,7 +119,7 @@ class ExecutorClient:
     ) -> AsyncIterator[StreamEvent]:
         """Runs (or re-attaches to) an execution; yields `started`, output (when `stream`),
         then `exited`. Request errors raise `SandboxError` before anything is yielded."""
-        reader, writer = await self._request(
+        (reader, writer), event = await self._start(
             {
                 "op": "exec",
                 "id": execution_id,
@@ -102,9 +130,9 @@ class ExecutorClient:
                 "reattach_only": reattach_only,
             }
         )
+        complete = False
         try:
             while True:
-                event = await self._line(reader)
                 kind = event["ev"]
                 if kind == "started":
                     execution_id = str(event["id"])
@@ -123,19 +151,22 @@ class ExecutorClient:
                     )
                 elif kind == "exited":
                     result = ExecutionResult.from_executor(event["result"])
+                    complete = True
+                    self._release((reader, writer))
                     yield StreamEvent("exited", execution_id, result=result)
                     return
+                event = await self._line(reader)
         finally:
-            writer.close()
+            if not complete:
+                writer.close()
 
     async def put_file(
         self, path: str, chunks: AsyncIterator[bytes], *, mode: int, max_bytes: int
     ) -> dict[str, Any]:
-        reader, writer = await self._request(
+        (reader, writer), _ready = await self._start(
             {"op": "put_file", "path": path, "mode": mode, "max_bytes": max_bytes}
         )
         try:
-            await self._line(reader)  # "ready", or the error about the path
             sent = 0
             async for chunk in chunks:
                 if not chunk:
@@ -151,35 +182,40 @@ class ExecutorClient:
                 await _drain(writer)
             writer.write(FRAME.pack(0))
             await _drain(writer)
-            return await self._line(reader)
-        finally:
+            answer = await self._line(reader)
+        except BaseException:
             writer.close()
+            raise
+        self._release((reader, writer))
+        return answer
 
     async def get_file(self, path: str, *, max_bytes: int) -> AsyncIterator[tuple[int, bytes]]:
-        """Yields (total size, chunk) pairs; the first pair may carry an empty chunk."""
-        reader, writer = await self._request(
+        """Yields (total size, chunk) pairs; the first pair carries an empty chunk."""
+        (reader, writer), header = await self._start(
             {"op": "get_file", "path": path, "max_bytes": max_bytes}
         )
+        complete = False
         try:
-            header = await self._line(reader)
             size = int(header["size"])
             yield size, b""
             while True:
                 try:
                     (length,) = FRAME.unpack(await reader.readexactly(FRAME.size))
-                    if length == 0:
-                        return
-                    chunk = await reader.readexactly(length)
+                    chunk = await reader.readexactly(length) if length else b""
                 except (OSError, asyncio.IncompleteReadError) as error:
                     raise ExecutorUnreachable(str(error)) from error
+                if not length:
+                    complete = True
+                    self._release((reader, writer))
+                    return
                 yield size, chunk
         finally:
-            writer.close()
+            if not complete:
+                writer.close()
 
     async def untar(self, path: str, archive: bytes) -> dict[str, Any]:
-        reader, writer = await self._request({"op": "untar", "path": path})
+        (reader, writer), _ready = await self._start({"op": "untar", "path": path})
         try:
-            await self._line(reader)
             view = memoryview(archive)
             for start in range(0, len(archive), 1 << 20):
                 piece = view[start : start + (1 << 20)]
@@ -187,9 +223,12 @@ class ExecutorClient:
                 await _drain(writer)
             writer.write(FRAME.pack(0))
             await _drain(writer)
-            return await self._line(reader)
-        finally:
+            answer = await self._line(reader)
+        except BaseException:
             writer.close()
+            raise
+        self._release((reader, writer))
+        return answer
 
 
 async def _drain(writer: asyncio.StreamWriter) -> None:

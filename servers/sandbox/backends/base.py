@@ -124,6 +124,7 @@ async def wait_for_executor(
         if socket.exists():  # noqa: ASYNC240 - a stat of a local file
             try:
                 await client.ping()
+                client.close()
                 return
             except ExecutorUnreachable:
                 pass
