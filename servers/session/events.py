@@ -179,6 +179,13 @@ def prepare_batch(
                     field=f"events[{index}]",
                 )
             needs_lease = True
+        if event_type == "session.status_terminated" and index != len(events) - 1:
+            raise InvalidArgument(
+                "INVALID_EVENT",
+                f"events[{index}] is session.status_terminated, which must be the last event of "
+                "its batch: nothing can follow it",
+                field=f"events[{index}]",
+            )
         if event_type in _CHECKED_TYPES or event.tool_use_id or event.turn_id:
             _check_payload(event, field, event_type, f"events[{index}]")
         # Output-only fields are the server's: drop what a writer may have sent.

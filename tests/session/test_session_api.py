@@ -27,6 +27,7 @@ async def expect_error(call: object, code: grpc.StatusCode, reason: str) -> grpc
 
 
 async def test_capabilities(client: SessionServiceStub) -> None:
+    """Requirements tested: SESSION-CAP-001."""
     info = (await client.GetCapabilities(pb.GetCapabilitiesRequest())).server_info
     assert "oma.session.v1" in info.api_versions
     for limit in ("max_event_bytes", "max_batch_events", "max_batch_bytes", "max_lease_ttl_ms"):
@@ -35,6 +36,7 @@ async def test_capabilities(client: SessionServiceStub) -> None:
 
 
 async def test_create_records_definition_as_first_event(client: SessionServiceStub) -> None:
+    """Requirements tested: SESSION-CREATE-003, SESSION-EVENT-001."""
     request = definition(team="a")
     request.definition.tools.add(
         name="bash", permission_policy=definition_pb2.PERMISSION_POLICY_ALWAYS_ASK
@@ -55,6 +57,7 @@ async def test_create_records_definition_as_first_event(client: SessionServiceSt
 
 
 async def test_create_is_idempotent_by_request_id(client: SessionServiceStub) -> None:
+    """Requirements tested: SESSION-CREATE-001, SESSION-CREATE-002."""
     request = definition()
     request.request_id = "req-" + uuid.uuid4().hex
     first = (await client.CreateSession(request)).session
@@ -164,6 +167,7 @@ async def test_append_output_only_fields_are_the_servers(client: SessionServiceS
 
 
 async def test_append_retry_returns_original_seqs(client: SessionServiceStub) -> None:
+    """Requirements tested: SESSION-APPEND-002, SESSION-APPEND-003."""
     sid = await new_session(client)
     batch = [user_message("a", "e-1"), user_message("b", "e-2")]
     first = await client.AppendEvents(pb.AppendEventsRequest(session_id=sid, events=batch))
@@ -188,6 +192,7 @@ async def test_append_retry_returns_original_seqs(client: SessionServiceStub) ->
 
 
 async def test_append_expected_last_seq(client: SessionServiceStub) -> None:
+    """Requirements tested: SESSION-APPEND-005."""
     sid = await new_session(client)
     ok = await client.AppendEvents(
         pb.AppendEventsRequest(session_id=sid, events=[user_message("a")], expected_last_seq=1)
@@ -232,6 +237,8 @@ async def test_append_validation(client: SessionServiceStub, harness: SessionSer
     tool_use.tool_use_id = "toolu_1"
     tool_use.agent_tool_use.input_json = "not json"
     await refused([tool_use], "INVALID_EVENT", harness)
+    end = events_pb2.Event(id="end", session_status_terminated=events_pb2.SessionStatusTerminated())
+    await refused([end, agent_message("after the end")], "INVALID_EVENT", harness)
     await refused([user_message("x" * (2 << 20))], "EVENT_TOO_LARGE")
     await refused([user_message(str(i)) for i in range(1001)], "BATCH_TOO_LARGE")
     await refused([user_message("x" * (900 << 10)) for _ in range(4)], "BATCH_TOO_LARGE")
