@@ -40,7 +40,8 @@ async def test_capabilities(sandbox_server: SandboxServer) -> None:
         assert json.loads(tool.input_schema_json)["type"] == "object"
     assert caps.server_info.limits["sandbox.max_output_bytes"] > 0
     assert (
-        caps.server_info.limits["sandbox.max_file_bytes"] == sandbox_server.manager.limits.max_file_bytes
+        caps.server_info.limits["sandbox.max_file_bytes"]
+        == sandbox_server.manager.limits.max_file_bytes
     )
     assert "oma.sandbox.v1" in caps.server_info.api_versions
     assert "sandbox.execute_stream" in caps.server_info.features
