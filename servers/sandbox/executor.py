@@ -738,7 +738,7 @@ def tool_read(ws: Workspace, path: str, offset: int, limit: int) -> str:
         raise ToolFailure(
             f"{ws.relative(path)} is a binary file ({len(raw)} bytes); use DownloadFile to fetch it"
         )
-    lines = raw.decode("utf-8", errors="replace").splitlines()
+    lines = raw.decode("utf-8", errors="surrogateescape").splitlines()  # flagged later
     if not lines:
         return f"({ws.relative(path)} is empty)"
     if offset > len(lines):

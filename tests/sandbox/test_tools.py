@@ -152,6 +152,9 @@ async def test_binary_output_is_replaced_and_flagged(
     result = await sandbox_server.bash(sandbox_id, r"printf 'ok\xff\xfe\n'; printf 'caf\xc3\xa9\n'")
     assert result.invalid_utf8_replaced
     assert result.output == "ok\ufffd\ufffd\ncafé\n"
+    await sandbox_server.bash(sandbox_id, r"printf 'bad \xff byte\n' > latin.txt")
+    read = await sandbox_server.execute(sandbox_id, "read", {"path": "latin.txt"})
+    assert read.invalid_utf8_replaced and read.output == "1\tbad \ufffd byte"
     clean = await sandbox_server.bash(sandbox_id, "printf 'café\\n'")
     assert not clean.invalid_utf8_replaced and clean.output == "café\n"
 
