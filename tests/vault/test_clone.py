@@ -1,0 +1,140 @@
+"""CloneRepository against a real git server (`git http-backend` behind basic auth): the
+checkout arrives as a tar with no trace of the token."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import grpc
+import pytest
+from vault_calls import create, expect_error, hosts, issue
+from vault_upstreams import LoopbackServer, git_server_app, make_bare_repository
+
+from oma.vault.v1 import vault_pb2 as pb
+
+GIT_TOKEN = "ghp_" + "S3cretGitToken" * 2
+
+
+@pytest.fixture
+async def git_server(tmp_path: Path):
+    root = tmp_path / "git-root"
+    make_bare_repository(root, "private", {"README.md": "# private\n", "src/app.py": "print(1)\n"})
+    server = await LoopbackServer(git_server_app(root, "x-access-token", GIT_TOKEN)).start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def clone(stub, token: str, credential_id: str, url: str, **kw) -> tuple[pb.CloneInfo, bytes]:
+    info = None
+    data = bytearray()
+    async for message in stub.CloneRepository(
+        pb.CloneRepositoryRequest(session_token=token, credential_id=credential_id, url=url, **kw)
+    ):
+        if message.HasField("info"):
+            assert info is None and not data
+            info = message.info
+        else:
+            data += message.tar_chunk
+    assert info is not None
+    return info, bytes(data)
+
+
+def _git_head(repo: Path, home: Path) -> str:
+    result = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(home)},
+    )
+    return result.stdout.strip()
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+async def test_clone_leaves_no_trace_of_the_token(vault, git_server, tmp_path: Path) -> None:
+    url = f"{git_server.base}/private.git"
+    # Without the vault the repository is private.
+    # (async: the git server runs in this event loop)
+    denied = await asyncio.create_subprocess_exec(
+        "git",
+        "clone",
+        "-q",
+        url,
+        str(tmp_path / "anon"),
+        env={"GIT_TERMINAL_PROMPT": "0", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert await denied.wait() != 0
+    await create(
+        vault.stub(),
+        pb.CredentialSecret(git_token=pb.GitTokenSecret(token=GIT_TOKEN)),
+        hosts(("127.0.0.1", git_server.port)),
+        credential_id="gh",
+    )
+    token = await issue(vault.stub(), "ses_g", "gh")
+    info, archive = await clone(vault.stub("sandbox_server"), token, "gh", url)
+    assert len(info.commit) == 40 and info.ref == "main"
+    dest = tmp_path / "checkout"
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    assert (dest / "README.md").read_text() == "# private\n"
+    assert (dest / "src" / "app.py").exists()
+    assert files_containing(dest, GIT_TOKEN.encode()) == []
+    config = (dest / ".git" / "config").read_text()
+    assert f"url = {url}" in config and "extraheader" not in config.lower()
+    assert "helper" not in config
+    assert _git_head(dest, tmp_path) == info.commit
+    audit = await vault.stub().ListAudit(pb.ListAuditRequest(session_id="ses_g"))
+    assert (audit.records[0].action, audit.records[0].outcome) == ("clone", "OK")
+
+
+async def test_clone_errors(vault, git_server) -> None:
+    url = f"{git_server.base}/private.git"
+    stub = vault.stub()
+    await create(
+        stub,
+        pb.CredentialSecret(git_token=pb.GitTokenSecret(token="wrong-" + GIT_TOKEN)),
+        hosts(("127.0.0.1", git_server.port)),
+        credential_id="bad",
+    )
+    await create(
+        stub,
+        pb.CredentialSecret(git_token=pb.GitTokenSecret(token=GIT_TOKEN)),
+        hosts(("git.example.com", 0)),
+        credential_id="elsewhere",
+    )
+    token = await issue(stub, "ses_g", "bad", "elsewhere")
+    sandbox = vault.stub("sandbox_server")
+    exc = await expect_error(
+        clone(sandbox, token, "bad", url), grpc.StatusCode.FAILED_PRECONDITION, "CLONE_FAILED"
+    )
+    assert GIT_TOKEN not in exc.details()
+    await expect_error(
+        clone(sandbox, token, "elsewhere", url),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "HOST_NOT_ALLOWED",
+    )
+    await expect_error(
+        clone(sandbox, "omavst_nope", "bad", url),
+        grpc.StatusCode.UNAUTHENTICATED,
+        "SESSION_TOKEN_INVALID",
+    )
+    await expect_error(
+        clone(vault.stub("harness"), token, "bad", url),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "ROLE_FORBIDDEN",
+    )
+
+
+def test_git_is_installed() -> None:
+    assert shutil.which("git")
