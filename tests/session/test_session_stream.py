@@ -231,3 +231,25 @@ async def test_watchers_on_two_servers_sharing_postgresql(
     finally:
         await one.stop(0.5)
         await two.stop(0.5)
+
+
+async def test_open_streams_end_cleanly_on_shutdown(
+    db_url: str, tokens: TokenTable, stub_for: Callable[..., SessionServiceStub]
+) -> None:
+    """Requirements tested: COMMON-SHUTDOWN-001 (for the session's two live streams)."""
+    server = await SessionServer.start(db_url, ServerOptions(tokens=tokens, grace_seconds=0.2))
+    stub = stub_for(server, "harness")
+    sid = await new_session(stub)
+    events = stub.StreamEvents(pb.StreamEventsRequest(session_id=sid, follow=True))
+    pending = stub.WatchPendingSessions(pb.WatchPendingSessionsRequest())
+    assert (await asyncio.wait_for(events.read(), PATIENCE)).event.seq == 1
+    await asyncio.wait_for(server.stop(0.2), PATIENCE)
+    for stream in (events, pending):
+        try:
+            while await asyncio.wait_for(stream.read(), PATIENCE) is not grpc.aio.EOF:
+                pass
+            raise AssertionError("a live stream ended without an error on shutdown")
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE
+            assert error_info(exc).reason == "SERVER_SHUTTING_DOWN"  # type: ignore[union-attr]
+    assert not server.hub._event_watchers and not server.hub._pending_watchers
