@@ -83,9 +83,15 @@ class Limits:
     max_batch_bytes: int = 3 << 20
     max_lease_ttl_ms: int = 10 * 60 * 1000
     max_preview_bytes: int = 4096
+    # Not advertised: GetEvents pages stop here, below the server's message size.
+    max_page_bytes: int = 8 << 20
 
     def as_capabilities(self) -> dict[str, int]:
-        return {f"session.{name}": value for name, value in self.__dict__.items()}
+        return {
+            f"session.{name}": value
+            for name, value in self.__dict__.items()
+            if name != "max_page_bytes"
+        }
 
 
 @dataclass

@@ -539,8 +539,19 @@ class SessionStore:
             descending=descending,
             types=types,
         )
-        token = _encode_token(rows[page_size - 1][0], fingerprint) if len(rows) > page_size else ""
-        return [body for _, body in rows[:page_size]], token
+        # A page also stops at a byte budget (at least one event), so it always fits in one
+        # gRPC message whatever the events' sizes; the token then resumes after it.
+        budget = self.limits.max_page_bytes
+        count = 0
+        used = 0
+        for _, body in rows[:page_size]:
+            if count and used + len(body) > budget:
+                break
+            used += len(body)
+            count += 1
+        more = count < len(rows)
+        token = _encode_token(rows[count - 1][0], fingerprint) if more else ""
+        return [body for _, body in rows[:count]], token
 
     # -- leases -------------------------------------------------------------------------------
 

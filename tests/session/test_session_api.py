@@ -404,3 +404,22 @@ async def test_server_reports_capability_limits_it_enforces(
     client = stub_for(server, "client")
     info = (await client.GetCapabilities(pb.GetCapabilitiesRequest())).server_info
     assert info.limits["session.max_batch_events"] == server.store.limits.max_batch_events
+
+
+async def test_pages_stop_at_a_byte_budget(client: SessionServiceStub) -> None:
+    """Big events: a page holds fewer than page_size of them but paging still returns all."""
+    sid = await new_session(client)
+    for i in range(4):  # 12 events of 800 KiB: more than one 8 MiB page
+        batch = [user_message(f"{i}.{j}" + "x" * (800 << 10)) for j in range(3)]
+        await client.AppendEvents(pb.AppendEventsRequest(session_id=sid, events=batch))
+    seqs, pages, token = [], 0, ""
+    while True:
+        page = await client.GetEvents(
+            pb.GetEventsRequest(session_id=sid, page_size=1000, page_token=token)
+        )
+        pages += 1
+        seqs += [e.seq for e in page.events]
+        token = page.next_page_token
+        if not token:
+            break
+    assert seqs == list(range(1, 14)) and pages >= 2
