@@ -18,6 +18,9 @@ Prints details, then as its last line exactly
   (StreamEvents, follow) receiving the event; a watcher that is faster than the
   acknowledgement counts as 0. Target <= 2 ms.
 
+On PostgreSQL a detail line also gives the latency with the watcher on a second server sharing
+the database (the append reaches it through LISTEN/NOTIFY).
+
 `--quick` shrinks every phase (100,000-event large session) to finish in under a minute.
 """
 
@@ -58,6 +61,8 @@ async def _main(args: argparse.Namespace) -> int:
             append = await bench.append_ratios()
             tail = await bench.tail_read_ratio()
             stream = await bench.stream_p50_ms()
+            if not bench.is_sqlite:
+                await bench.cross_server_stream()
         finally:
             await bench.stop()
     print(f"append_ratio={append:.2f} tail_read_ratio={tail:.2f} stream_p50_ms={stream:.2f}")
@@ -99,6 +104,31 @@ class _Bench:
         self.stub = SessionServiceStub(self.channel)
         backend = "SQLite (WAL, synchronous=FULL)" if self.is_sqlite else "PostgreSQL"
         print(f"session server at {address} on {backend}; quick={self.quick}", flush=True)
+
+    async def cross_server_stream(self) -> None:
+        """Detail line: the same latency with the watcher on a second server sharing the
+        PostgreSQL database (the append reaches it through LISTEN/NOTIFY)."""
+        import asyncio
+
+        from oma.runtime.client import connect
+        from oma.session.v1.session_service_pb2_grpc import SessionServiceStub
+
+        url = self.url.render_as_string(hide_password=False)
+        second = _spawn_server(url, self.tmp / "tokens.json")
+        channel = None
+        try:
+            line = await asyncio.to_thread(second.stdout.readline)
+            if "serving on" not in line:
+                raise SystemExit(f"second session server did not start: {line!r}")
+            channel = connect(
+                line.rsplit(" ", 1)[1].strip(), token=self.tokens.token_for("harness")
+            )
+            await self.stream_p50_ms(SessionServiceStub(channel), "stream across two servers")
+        finally:
+            if channel is not None:
+                await channel.close()
+            second.terminate()
+            second.wait(timeout=30)
 
     def _sqlite_path(self) -> str:
         assert self.url.database is not None
@@ -334,7 +364,9 @@ class _Bench:
 
     # -- stream latency --------------------------------------------------------------------------
 
-    async def stream_p50_ms(self) -> float:
+    async def stream_p50_ms(self, watch_stub: Any = None, label: str = "stream") -> float:
+        """Appends go to this bench's server; the watcher reads from `watch_stub` (default the
+        same server; on PostgreSQL also a second server, through LISTEN/NOTIFY)."""
         import asyncio
         import time
 
@@ -343,7 +375,9 @@ class _Bench:
         sid = await self.new_session()
         received: dict[int, float] = {}
         arrived: dict[int, asyncio.Event] = {}
-        stream = self.stub.StreamEvents(pb.StreamEventsRequest(session_id=sid, follow=True))
+        stream = (watch_stub or self.stub).StreamEvents(
+            pb.StreamEventsRequest(session_id=sid, follow=True)
+        )
 
         async def watch() -> None:
             async for item in stream:
@@ -373,7 +407,7 @@ class _Bench:
         p50, p99 = samples[len(samples) // 2], samples[int(len(samples) * 0.99)]
         early = sum(1 for d in signed if d <= 0)
         print(
-            f"stream: ack→watcher p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms over "
+            f"{label}: ack→watcher p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms over "
             f"{len(samples)} appends ({early} reached the watcher before the appender got its "
             f"ack; signed median {_median(signed) * 1000:+.2f} ms)",
             flush=True,
