@@ -32,6 +32,10 @@ repeat and appended at most once.
 id as the execution id, so that a tool call is never run twice: a repeated `Execute` with
 the same execution id returns the recorded result (or re-attaches to the run in progress).
 A tool call whose `agent.tool_result` is already in the log MUST NOT be executed again.
+A harness that finds an `agent.tool_use` without a result (its predecessor died between
+the two) MUST call `Execute` again with the same execution id, in the sandbox it finds
+by the session's label, before it calls the model: the sandbox then returns the recorded
+result, or re-attaches to the run still in progress, so the tool runs exactly once.
 
 [HARNESS-TOOL-002] A harness MUST NOT provision a sandbox before the model's first reply
 asks for a sandbox tool, and a session that never uses one MUST NOT get one. It provisions
