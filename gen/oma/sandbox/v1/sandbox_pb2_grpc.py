@@ -94,7 +94,7 @@ class SandboxServiceServicer:
         """What this sandbox server implements: backend, tools, limits and optional features.
 
         [SANDBOX-CAP-001] The server MUST list every tool `Execute` accepts in `tools`, and MUST
-        list `sandbox.max_output_bytes` and `sandbox.max_file_bytes` in `info.limits`.
+        list `sandbox.max_output_bytes` and `sandbox.max_file_bytes` in `server_info.limits`.
         Idempotent and side-effect free; callers may cache the answer for the life of a connection.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -93,7 +93,7 @@ class SandboxServiceStub:
     """What this sandbox server implements: backend, tools, limits and optional features.
 
     [SANDBOX-CAP-001] The server MUST list every tool `Execute` accepts in `tools`, and MUST
-    list `sandbox.max_output_bytes` and `sandbox.max_file_bytes` in `info.limits`.
+    list `sandbox.max_output_bytes` and `sandbox.max_file_bytes` in `server_info.limits`.
     Idempotent and side-effect free; callers may cache the answer for the life of a connection.
     """
     Provision: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.ProvisionRequest, _sandbox_pb2.ProvisionResponse]
@@ -227,7 +227,7 @@ class SandboxServiceAsyncStub(SandboxServiceStub):
     """What this sandbox server implements: backend, tools, limits and optional features.
 
     [SANDBOX-CAP-001] The server MUST list every tool `Execute` accepts in `tools`, and MUST
-    list `sandbox.max_output_bytes` and `sandbox.max_file_bytes` in `info.limits`.
+    list `sandbox.max_output_bytes` and `sandbox.max_file_bytes` in `server_info.limits`.
     Idempotent and side-effect free; callers may cache the answer for the life of a connection.
     """
     Provision: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.ProvisionRequest, _sandbox_pb2.ProvisionResponse]  # type: ignore[assignment]
@@ -364,7 +364,7 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
         """What this sandbox server implements: backend, tools, limits and optional features.
 
         [SANDBOX-CAP-001] The server MUST list every tool `Execute` accepts in `tools`, and MUST
-        list `sandbox.max_output_bytes` and `sandbox.max_file_bytes` in `info.limits`.
+        list `sandbox.max_output_bytes` and `sandbox.max_file_bytes` in `server_info.limits`.
         Idempotent and side-effect free; callers may cache the answer for the life of a connection.
         """
 

@@ -124,13 +124,13 @@ class VaultServiceServicer:
 
         Any role may call it; it is idempotent and has no side effects.
 
-        [VAULT-CAP-001] The server MUST list in `info.features` every optional feature it
+        [VAULT-CAP-001] The server MUST list in `server_info.features` every optional feature it
         implements, by these names: `vault.proxy_stream` (`ProxyStream`),
         `vault.clone_repository` (`CloneRepository`), `vault.oauth_refresh` (OAuth credentials
         refreshed with the refresh grant), `vault.master_key_rotation` (`RotateMasterKey`),
         `vault.harness_token_issue` (harnesses may call `IssueSessionToken`).
 
-        [VAULT-CAP-002] The server MUST state in `info.limits` the limits it enforces, by these
+        [VAULT-CAP-002] The server MUST state in `server_info.limits` the limits it enforces, by these
         names: `vault.max_request_bytes`, `vault.max_response_bytes` (a unary `Proxy` body),
         `vault.max_stream_bytes` (a `ProxyStream` body), `vault.max_clone_bytes`,
         `vault.max_timeout_ms`, `vault.max_token_ttl_seconds`.
