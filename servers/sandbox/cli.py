@@ -51,14 +51,14 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     options = server_options_from_args(args)
     root = args.root or data_dir() / "sandboxes" / args.backend
+    fetcher = None
     if args.vault:
-        print(
-            "oma serve sandbox: --vault is not wired yet in this build; repositories with a "
-            "credential_id fail with INIT_FAILED"
-        )
+        from oma.servers.vault.fetcher import VaultRepositoryFetcher
+
+        fetcher = VaultRepositoryFetcher(args.vault, options.tokens.token_for("sandbox_server"))
 
     async def main() -> int:
-        manager = build_manager(args.backend, root, image=args.image)
+        manager = build_manager(args.backend, root, image=args.image, fetcher=fetcher)
         await manager.start()
         try:
             return await serve("sandbox", [sandbox_service(manager)], options)

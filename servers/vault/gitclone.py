@@ -119,7 +119,7 @@ async def clone(
         checkout = workdir / "repo"
         env = git_environment(secret, home)
         args = ["clone", "--no-recurse-submodules", "--quiet"]
-        if ref:
+        if ref and depth > 0:
             args += ["--branch", ref]
         if depth > 0:
             args += ["--depth", str(depth)]
@@ -128,6 +128,16 @@ async def clone(
             message, _ = scrubber.scrub_text(output.strip()[-2000:])
             raise VaultError("CLONE_FAILED", f"git clone {url} failed: {message}", {"url": url})
         plain_env = {k: v for k, v in env.items() if not k.startswith("GIT_CONFIG_")}
+        if ref and depth <= 0:
+            # A full clone can check out any branch, tag or commit id, without the network.
+            code, output = await _git(
+                ["checkout", "--quiet", ref, "--"], plain_env, checkout, time_limit
+            )
+            if code != 0:
+                message, _ = scrubber.scrub_text(output.strip()[-2000:])
+                raise VaultError(
+                    "CLONE_FAILED", f"git checkout {ref} in {url} failed: {message}", {"url": url}
+                )
         # The checkout's remote must not carry credentials, whatever git wrote.
         await _git(["remote", "set-url", "origin", url], plain_env, checkout, time_limit)
         _, commit = await _git(["rev-parse", "HEAD"], plain_env, checkout, time_limit)
