@@ -19,7 +19,14 @@ import anthropic
 
 from oma.servers.harness import conversation, faults
 from oma.servers.harness.loop import LoopConfig, Turn
-from oma.servers.harness.ports import Lease, LeaseHeld, LeaseLost, SandboxPort, SessionPort
+from oma.servers.harness.ports import (
+    Lease,
+    LeaseHeld,
+    LeaseLost,
+    SandboxPort,
+    SessionPort,
+    Unreachable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +68,7 @@ class Driver:
         self.holder_id = holder_id or f"harness-{uuid.uuid4().hex[:12]}"
         self._tasks: dict[str, asyncio.Task[str | None]] = {}
         self._lock = asyncio.Lock()
+        self._closing = False
 
     def task(self, session_id: str) -> asyncio.Task[str | None] | None:
         """The running (or last finished) turn's task of a session driven here."""
@@ -73,6 +81,8 @@ class Driver:
             running = self._tasks.get(session_id)
             if running is not None and not running.done():
                 return WakeResult(Outcome.ALREADY_DRIVEN, self.holder_id)
+            if self._closing:
+                raise Unreachable("the harness is shutting down")
             try:
                 lease = await self._session.acquire_lease(
                     session_id, self.holder_id, self.config.lease_ttl_seconds
@@ -113,7 +123,14 @@ class Driver:
             log.warning("session %s: lease lost; another harness drives it", lease.session_id)
             return None
         except asyncio.CancelledError:
-            log.warning("session %s: turn cancelled", lease.session_id)
+            if self._closing:
+                log.info("session %s: rescheduled (harness shutting down)", lease.session_id)
+                try:
+                    await turn.reschedule("the harness driving the session shut down")
+                except Exception as error:  # the lease expires and the log is intact anyway
+                    log.warning(
+                        "session %s: could not record the reschedule: %s", lease.session_id, error
+                    )
             raise
         except Exception as error:
             log.exception("session %s: turn failed", lease.session_id)
@@ -148,7 +165,9 @@ class Driver:
             log.warning("session %s: lease release failed: %s", lease.session_id, error)
 
     async def close(self) -> None:
-        """Cancel running turns (their leases are released; the log stays consistent)."""
+        """Stop running turns: each appends `session.status_rescheduled` and releases its
+        lease, so another harness can resume it at once."""
+        self._closing = True
         tasks = [t for t in self._tasks.values() if not t.done()]
         for task in tasks:
             task.cancel()

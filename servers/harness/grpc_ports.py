@@ -148,6 +148,10 @@ def to_proto_event(event: NewEvent) -> events_pb2.Event:
         out.session_status_idle.CopyFrom(
             events_pb2.SessionStatusIdle(stop_reason=_STOP_REASONS[event.stop_reason])
         )
+    elif t == ev.STATUS_RESCHEDULED:
+        out.session_status_rescheduled.CopyFrom(
+            events_pb2.SessionStatusRescheduled(reason=event.text)
+        )
     elif t == ev.SESSION_ERROR:
         out.session_error.CopyFrom(
             events_pb2.SessionError(code=event.code, message=event.text, retrying=event.retrying)
@@ -220,7 +224,7 @@ class GrpcSession:
         if reason == "LEASE_LOST":
             return LeaseLost(error.details() or "lease lost")
         if error.code() in _TRANSIENT:
-            return Unreachable(error.details() or error.code().name)
+            return Unreachable(f"the session service is unreachable: {error.details()}")
         return error
 
     async def acquire_lease(self, session_id: str, holder_id: str, ttl_seconds: float) -> Lease:

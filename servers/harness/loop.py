@@ -129,6 +129,12 @@ class Turn:
             if reply is None:
                 return await self._idle(ev.STOP_RETRIES_EXHAUSTED)
 
+    async def reschedule(self, reason: str) -> None:
+        """Give the session up mid-turn (the harness is shutting down); the log says so, and
+        the next harness to wake it resumes where this one stopped."""
+        self._log.extend(await self._session.read_events(self.session_id, self.last_seq))
+        await self._append(NewEvent(f"resched.{self.last_seq}", ev.STATUS_RESCHEDULED, text=reason))
+
     async def abort(self, error: BaseException) -> None:
         """End a turn that failed unexpectedly: log why and go idle, so that watchers are
         not left waiting. The log is consistent; a new user message starts a new turn."""

@@ -74,8 +74,8 @@ class HarnessServicer(harness_pb2_grpc.HarnessServiceServicer):
             raise OmaError(
                 grpc.StatusCode.UNAVAILABLE,
                 "HARNESS_UNAVAILABLE",
-                f"the harness cannot reach the session service: {error}; retry "
-                "later or wake another harness",
+                f"this harness cannot drive the session now ({error}); retry later or wake "
+                "another harness",
             ) from error
         return harness_pb2.WakeResponse(
             outcome=_OUTCOMES[result.outcome], holder_id=result.holder_id, last_seq=result.last_seq

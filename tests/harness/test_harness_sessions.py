@@ -276,3 +276,36 @@ async def test_wake_errors_and_capabilities(
         with pytest.raises(grpc.aio.AioRpcError) as denied:
             await stub.Wake(harness_pb2.WakeRequest(session_id="ses_x"))
         assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_a_harness_shutting_down_reschedules_its_session(
+    local_peers: Peers,
+    local_client: SessionClient,
+    model: AsyncModelServer,
+    harness_factory: HarnessFactory,
+) -> None:
+    first = await harness_factory(local_peers, model.base_url)
+    session_id = await local_client.create("slow")
+    started = asyncio.Event()
+
+    async def on_event(event: Any) -> None:
+        if event.type == "span.model_request_start":
+            started.set()
+
+    watching = asyncio.create_task(local_client.wait_idle(session_id, on_event=on_event))
+    assert (await wake(local_peers, first.address, session_id)).outcome == (
+        harness_pb2.WAKE_OUTCOME_STARTED
+    )
+    await asyncio.wait_for(started.wait(), 30)
+    await first.stop(1)  # mid model call (the script's first token takes 1.5 s)
+    second = await harness_factory(local_peers, model.base_url)
+    # The lease was released with the reschedule: the second harness takes over at once.
+    assert (await wake(local_peers, second.address, session_id)).outcome == (
+        harness_pb2.WAKE_OUTCOME_STARTED
+    )
+    events, _ = await watching
+    kinds = types(events)
+    assert kinds.count("session.status_rescheduled") == 1
+    assert kinds.index("session.status_rescheduled") < kinds.index("agent.message")
+    assert kinds.count("agent.message") == 1
+    assert payload(events, "session.status_idle")[0].stop_reason == 1
