@@ -25,8 +25,6 @@ from oma.session.v1 import events_pb2, session_service_pb2
 
 logger = logging.getLogger("oma.session.hub")
 
-Item = events_pb2.Event | session_service_pb2.Preview
-
 
 class Watcher:
     """One live reader's bounded buffer. `get()` returns the next item, or None when the

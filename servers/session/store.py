@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy import and_, or_, select, text, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
@@ -136,7 +136,6 @@ class Change:
     session_id: str
     state: SessionState
     events: list[events_pb2.Event] = field(default_factory=list)
-    lease_changed: bool = False
     notified: bool = False  # PostgreSQL: NOTIFY already sent inside the transaction
 
 
@@ -594,7 +593,7 @@ class SessionStore:
                 .where(sessions.c.pk == state.pk)
                 .values(lease_expire_us=state.lease_expire_us)
             )
-            changes.append(Change(session_id, state, lease_changed=True))
+            changes.append(Change(session_id, state))
             return LeaseGrant(
                 session_id, state.lease_holder or "", state.fencing_token, state.lease_expire_us
             )
@@ -613,7 +612,7 @@ class SessionStore:
                 .where(sessions.c.pk == state.pk)
                 .values(lease_holder=None, lease_expire_us=None)
             )
-            changes.append(Change(session_id, state, lease_changed=True))
+            changes.append(Change(session_id, state))
 
         await self._write(release)
 
@@ -646,14 +645,6 @@ class SessionStore:
         rows = await self.db.read(lambda conn: conn.execute(query).all())
         return [(r[0], r[1]) for r in rows]
 
-    async def count_events(self, session_id: str) -> int:
-        def count(conn: Connection) -> int:
-            pk = self._pk(conn, session_id)
-            query = select(func.count()).select_from(events).where(events.c.session_pk == pk)
-            return int(conn.execute(query).scalar_one())
-
-        return await self.db.read(count)
-
 
 def _grant(
     conn: Connection, changes: list[Change], state: SessionState, holder_id: str, ttl_ms: int
@@ -677,7 +668,7 @@ def _grant(
             lease_expire_us=state.lease_expire_us,
         )
     )
-    changes.append(Change(state.id, state, lease_changed=True))
+    changes.append(Change(state.id, state))
     return LeaseGrant(state.id, holder_id, state.fencing_token, state.lease_expire_us)
 
 

@@ -41,13 +41,13 @@ class _Cursor:
                         f"session {self.session_id}: seq {seq} follows {self.delivered}"
                     )
                 event = events_pb2.Event.FromString(body)
-                yield self._mark(event)
+                yield self.mark(event)
                 if self.finished:
                     return
             if len(rows) < _PAGE:
                 return
 
-    def _mark(self, event: events_pb2.Event) -> events_pb2.Event:
+    def mark(self, event: events_pb2.Event) -> events_pb2.Event:
         self.delivered = event.seq
         if event.type == _TERMINATED:
             self.finished = True
@@ -85,7 +85,7 @@ async def stream_events(
                     async for event in cursor.from_storage():
                         yield _event(event)
                     continue
-                yield _event(cursor._mark(item))
+                yield _event(cursor.mark(item))
             else:
                 if item.after_seq > cursor.delivered:
                     async for event in cursor.from_storage(before_seq=item.after_seq + 1):
