@@ -30,10 +30,11 @@ class SessionServiceStub:
     log; a harness takes a session's lease, reads the log, and appends what the agent did.
 
     Limits (advertised in `ServerInfo.limits`): `session.max_event_bytes` (serialized size of
-    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`) and
-    `session.max_lease_ttl_ms`. Features (in `ServerInfo.features`): `session.previews`
-    (`PublishPreview` and previews in `StreamEvents`), `session.watch_pending`
-    (`WatchPendingSessions`).
+    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`),
+    `session.max_lease_ttl_ms` and `session.max_preview_bytes` (one preview's `text_delta`).
+    Features (in `ServerInfo.features`): `session.previews` (`PublishPreview` and previews in
+    `StreamEvents`), `session.watch_pending` (`WatchPendingSessions`), `session.claim`
+    (`AcquireLease` in claim mode).
 
     [SESSION-DURABLE-001] The server MUST NOT acknowledge a `CreateSession` or an
     `AppendEvents` before its effect is durable: a crash of the server or its machine right after
@@ -113,10 +114,11 @@ class SessionServiceServicer:
     log; a harness takes a session's lease, reads the log, and appends what the agent did.
 
     Limits (advertised in `ServerInfo.limits`): `session.max_event_bytes` (serialized size of
-    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`) and
-    `session.max_lease_ttl_ms`. Features (in `ServerInfo.features`): `session.previews`
-    (`PublishPreview` and previews in `StreamEvents`), `session.watch_pending`
-    (`WatchPendingSessions`).
+    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`),
+    `session.max_lease_ttl_ms` and `session.max_preview_bytes` (one preview's `text_delta`).
+    Features (in `ServerInfo.features`): `session.previews` (`PublishPreview` and previews in
+    `StreamEvents`), `session.watch_pending` (`WatchPendingSessions`), `session.claim`
+    (`AcquireLease` in claim mode).
 
     [SESSION-DURABLE-001] The server MUST NOT acknowledge a `CreateSession` or an
     `AppendEvents` before its effect is durable: a crash of the server or its machine right after
@@ -295,7 +297,8 @@ class SessionServiceServicer:
 
     def PublishPreview(self, request, context):
         """Publishes an ephemeral text delta (the model streaming) to the session's live watchers.
-        Never stored; best effort.
+        Never stored; best effort. A `text_delta` over `session.max_preview_bytes` is
+        `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews.
 
         [SESSION-PREVIEW-001] The server MUST refuse a preview whose fencing token is not the
         live lease's with `ABORTED` / `LEASE_LOST`, and MUST NOT store previews.
@@ -395,10 +398,11 @@ class SessionService:
     log; a harness takes a session's lease, reads the log, and appends what the agent did.
 
     Limits (advertised in `ServerInfo.limits`): `session.max_event_bytes` (serialized size of
-    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`) and
-    `session.max_lease_ttl_ms`. Features (in `ServerInfo.features`): `session.previews`
-    (`PublishPreview` and previews in `StreamEvents`), `session.watch_pending`
-    (`WatchPendingSessions`).
+    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`),
+    `session.max_lease_ttl_ms` and `session.max_preview_bytes` (one preview's `text_delta`).
+    Features (in `ServerInfo.features`): `session.previews` (`PublishPreview` and previews in
+    `StreamEvents`), `session.watch_pending` (`WatchPendingSessions`), `session.claim`
+    (`AcquireLease` in claim mode).
 
     [SESSION-DURABLE-001] The server MUST NOT acknowledge a `CreateSession` or an
     `AppendEvents` before its effect is durable: a crash of the server or its machine right after

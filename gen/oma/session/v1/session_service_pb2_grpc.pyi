@@ -34,10 +34,11 @@ class SessionServiceStub:
     log; a harness takes a session's lease, reads the log, and appends what the agent did.
 
     Limits (advertised in `ServerInfo.limits`): `session.max_event_bytes` (serialized size of
-    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`) and
-    `session.max_lease_ttl_ms`. Features (in `ServerInfo.features`): `session.previews`
-    (`PublishPreview` and previews in `StreamEvents`), `session.watch_pending`
-    (`WatchPendingSessions`).
+    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`),
+    `session.max_lease_ttl_ms` and `session.max_preview_bytes` (one preview's `text_delta`).
+    Features (in `ServerInfo.features`): `session.previews` (`PublishPreview` and previews in
+    `StreamEvents`), `session.watch_pending` (`WatchPendingSessions`), `session.claim`
+    (`AcquireLease` in claim mode).
 
     [SESSION-DURABLE-001] The server MUST NOT acknowledge a `CreateSession` or an
     `AppendEvents` before its effect is durable: a crash of the server or its machine right after
@@ -180,7 +181,8 @@ class SessionServiceStub:
     """
     PublishPreview: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.PublishPreviewRequest, _session_service_pb2.PublishPreviewResponse]
     """Publishes an ephemeral text delta (the model streaming) to the session's live watchers.
-    Never stored; best effort.
+    Never stored; best effort. A `text_delta` over `session.max_preview_bytes` is
+    `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews.
 
     [SESSION-PREVIEW-001] The server MUST refuse a preview whose fencing token is not the
     live lease's with `ABORTED` / `LEASE_LOST`, and MUST NOT store previews.
@@ -203,10 +205,11 @@ class SessionServiceAsyncStub(SessionServiceStub):
     log; a harness takes a session's lease, reads the log, and appends what the agent did.
 
     Limits (advertised in `ServerInfo.limits`): `session.max_event_bytes` (serialized size of
-    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`) and
-    `session.max_lease_ttl_ms`. Features (in `ServerInfo.features`): `session.previews`
-    (`PublishPreview` and previews in `StreamEvents`), `session.watch_pending`
-    (`WatchPendingSessions`).
+    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`),
+    `session.max_lease_ttl_ms` and `session.max_preview_bytes` (one preview's `text_delta`).
+    Features (in `ServerInfo.features`): `session.previews` (`PublishPreview` and previews in
+    `StreamEvents`), `session.watch_pending` (`WatchPendingSessions`), `session.claim`
+    (`AcquireLease` in claim mode).
 
     [SESSION-DURABLE-001] The server MUST NOT acknowledge a `CreateSession` or an
     `AppendEvents` before its effect is durable: a crash of the server or its machine right after
@@ -346,7 +349,8 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """
     PublishPreview: _aio.UnaryUnaryMultiCallable[_session_service_pb2.PublishPreviewRequest, _session_service_pb2.PublishPreviewResponse]  # type: ignore[assignment]
     """Publishes an ephemeral text delta (the model streaming) to the session's live watchers.
-    Never stored; best effort.
+    Never stored; best effort. A `text_delta` over `session.max_preview_bytes` is
+    `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews.
 
     [SESSION-PREVIEW-001] The server MUST refuse a preview whose fencing token is not the
     live lease's with `ABORTED` / `LEASE_LOST`, and MUST NOT store previews.
@@ -368,10 +372,11 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     log; a harness takes a session's lease, reads the log, and appends what the agent did.
 
     Limits (advertised in `ServerInfo.limits`): `session.max_event_bytes` (serialized size of
-    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`) and
-    `session.max_lease_ttl_ms`. Features (in `ServerInfo.features`): `session.previews`
-    (`PublishPreview` and previews in `StreamEvents`), `session.watch_pending`
-    (`WatchPendingSessions`).
+    one event), `session.max_batch_events`, `session.max_batch_bytes` (one `AppendEvents`),
+    `session.max_lease_ttl_ms` and `session.max_preview_bytes` (one preview's `text_delta`).
+    Features (in `ServerInfo.features`): `session.previews` (`PublishPreview` and previews in
+    `StreamEvents`), `session.watch_pending` (`WatchPendingSessions`), `session.claim`
+    (`AcquireLease` in claim mode).
 
     [SESSION-DURABLE-001] The server MUST NOT acknowledge a `CreateSession` or an
     `AppendEvents` before its effect is durable: a crash of the server or its machine right after
@@ -575,7 +580,8 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_service_pb2.PublishPreviewResponse, _abc.Awaitable[_session_service_pb2.PublishPreviewResponse]]:
         """Publishes an ephemeral text delta (the model streaming) to the session's live watchers.
-        Never stored; best effort.
+        Never stored; best effort. A `text_delta` over `session.max_preview_bytes` is
+        `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews.
 
         [SESSION-PREVIEW-001] The server MUST refuse a preview whose fencing token is not the
         live lease's with `ABORTED` / `LEASE_LOST`, and MUST NOT store previews.
