@@ -35,7 +35,13 @@ class VaultUnderTest:
 
 
 async def start_vault(
-    tmp_path: Path, db_url: str | None = None, session_address: str | None = None, **limits: Any
+    tmp_path: Path,
+    db_url: str | None = None,
+    session_address: str | None = None,
+    *,
+    key_file: Path | None = None,
+    tokens: Any = None,
+    **limits: Any,
 ) -> VaultUnderTest:
     from oma.runtime.auth import TokenTable
     from oma.runtime.server import ServerOptions, Service, start_server
@@ -49,9 +55,9 @@ async def start_vault(
     url = db_url or f"sqlite+aiosqlite:///{tmp_path / 'vault.db'}"
     store = VaultStore(url)
     await store.initialize()
-    key_file = tmp_path / "vault.key"
+    key_file = key_file or tmp_path / "vault.key"
     vault = Vault(store, Keyring.load(key_file, environ={}), VaultLimits(**limits))
-    tokens = TokenTable.generate()
+    tokens = tokens or TokenTable.generate()
     lookup = session_lookup_factory(session_address) if session_address else None
     running = await start_server(
         [
