@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from oma.runtime.cli import announce, server_options_from_args
     from oma.runtime.paths import data_dir
     from oma.runtime.server import run_until_signal
-    from oma.servers.session.database import DurabilityError
+    from oma.servers.session.database import DatabaseInUse, DurabilityError
     from oma.servers.session.server import SessionServer
 
     options = server_options_from_args(args)
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> int:
         try:
             server = await SessionServer.start(db_url, options)
-        except DurabilityError as exc:
+        except (DurabilityError, DatabaseInUse) as exc:
             print(f"oma session: refusing to start: {exc}", file=sys.stderr)
             return 2
         except OSError as exc:

@@ -40,6 +40,10 @@ class DurabilityError(RuntimeError):
     """The database would acknowledge commits that a crash could lose; refuse to start."""
 
 
+class DatabaseInUse(RuntimeError):
+    """Another session server already serves this SQLite file."""
+
+
 def normalize_url(url: str) -> URL:
     """Accept `sqlite:///path`, `sqlite+aiosqlite:///path`, `postgresql://...`,
     `postgresql+asyncpg://...` or a bare file path (a SQLite file)."""
@@ -98,9 +102,11 @@ class Database:
         self._async_engine: AsyncEngine | None = None
         self._write_thread: ThreadPoolExecutor | None = None
         self._read_threads: ThreadPoolExecutor | None = None
+        self._lock_file: Any = None
         if self.is_sqlite:
             if url.database:
                 Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+                self._lock_file = _lock_single_server(Path(url.database))
             self._sqlite_writer = sqlite_engine(url, immediate=True, pool_size=1)
             self._sqlite_reader = sqlite_engine(url, immediate=False, pool_size=_READER_THREADS)
             self._write_thread = ThreadPoolExecutor(1, thread_name_prefix="oma-session-write")
@@ -158,6 +164,28 @@ class Database:
         for pool in (self._write_thread, self._read_threads):
             if pool is not None:
                 pool.shutdown(wait=True)
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the flock
+            self._lock_file = None
+
+
+def _lock_single_server(database: Path) -> Any:
+    """Hold an exclusive lock beside the SQLite file for the server's lifetime. Live streams
+    are fed in-process on SQLite, so a second server on the same file would never tell the
+    first one's watchers about its appends: refuse it instead (the lock dies with the process,
+    SIGKILL included)."""
+    import fcntl
+
+    handle = open(database.with_name(database.name + ".server-lock"), "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise DatabaseInUse(
+            f"another session server is serving {database}; an embedded SQLite log has one "
+            "server (use PostgreSQL to run several)"
+        ) from None
+    return handle
 
 
 def _in_transaction(engine: Engine, fn: Callable[[Connection], T]) -> T:

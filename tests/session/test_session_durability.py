@@ -19,7 +19,12 @@ from sqlalchemy import create_engine
 
 from oma.runtime.auth import TokenTable
 from oma.runtime.client import connect
-from oma.servers.session.database import DurabilityError, check_settings, open_database
+from oma.servers.session.database import (
+    DatabaseInUse,
+    DurabilityError,
+    check_settings,
+    open_database,
+)
 from oma.servers.session.server import SessionServer
 from oma.session.v1 import definition_pb2
 from oma.session.v1 import session_service_pb2 as pb
@@ -217,3 +222,15 @@ def test_cli_refuses_to_start_in_memory(tmp_path: Path, tokens: TokenTable) -> N
     )
     assert done.returncode == 2
     assert "refusing to start" in done.stderr and "in-memory" in done.stderr
+
+
+async def test_one_server_per_sqlite_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'one.db'}"
+    first = await open_database(url)
+    try:
+        with pytest.raises(DatabaseInUse, match="another session server"):
+            await open_database(url)
+    finally:
+        await first.close()
+    again = await open_database(url)  # the lock went with the first server
+    await again.close()
