@@ -48,6 +48,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="session lease lifetime; renewed every third of it (default 30)",
     )
+    worker = parser.add_argument_group(
+        "worker mode",
+        "With --worker the harness also takes sessions by itself: the session service pushes "
+        "each session that has unanswered input and no live lease (WatchPendingSessions), "
+        "workers race for its lease, and the winner drives it. On SIGTERM a worker stops "
+        "taking sessions, appends session.status_rescheduled to each one it drives, releases "
+        "their leases (another worker picks them up at once) and exits 0; a worker that is "
+        "killed loses its sessions to the others when their leases expire "
+        "(--lease-ttl-seconds). Wake keeps working on --listen.",
+    )
+    worker.add_argument(
+        "--worker",
+        action="store_true",
+        help="claim pending sessions pushed by the session service",
+    )
+    worker.add_argument(
+        "--max-sessions",
+        type=int,
+        default=16,
+        metavar="N",
+        help="sessions a worker drives at once; more wait for a free slot or another "
+        "worker (default 16)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--max-model-retries must be >= 0")
     if args.lease_ttl_seconds <= 0:
         raise SystemExit("--lease-ttl-seconds must be > 0")
+    if args.max_sessions < 1:
+        raise SystemExit("--max-sessions must be >= 1")
     options = server_options_from_args(args)
     try:
         faults.validate()
@@ -93,6 +118,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"oma harness: {exc}")
             return 1
         announce("harness", harness.server)
+        if args.worker:
+            from oma.servers.harness.worker import WorkerConfig
+            from oma.servers.harness.worker_grpc import serve_worker
+
+            return await serve_worker(harness, config, WorkerConfig(args.max_sessions))
         try:
             await run_until_signal(harness.server)
         finally:
