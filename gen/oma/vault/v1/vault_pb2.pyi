@@ -1160,7 +1160,9 @@ class CloneRepositoryRequest(_message.Message):
     url: _builtins.str
     """Repository URL, `http` or `https`, without userinfo."""
     ref: _builtins.str
-    """Branch or tag to check out; empty means the remote's default branch."""
+    """Branch, tag or full commit id to check out; empty means the remote's default branch.
+    With `depth` above 0 only a branch or tag works.
+    """
     depth: _builtins.int
     """Shallow clone depth; 0 means full history."""
     def __init__(
