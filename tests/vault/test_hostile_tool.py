@@ -10,6 +10,7 @@ token travels in the provision request — none of which may leave a trace in th
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from pathlib import Path
@@ -117,7 +118,7 @@ async def test_a_hostile_tool_finds_no_secret(
             spb.ExecuteRequest(
                 sandbox_id=sandbox_id,
                 name="bash",
-                input_json=__import__("json").dumps(
+                input_json=json.dumps(
                     {
                         "command": f"python3 /workspace/hunt.py {needles} {not_before} {private} "
                         f"{targets} /workspace/private",
