@@ -42,6 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
+    import sys
 
     from oma.runtime.cli import serve, server_options_from_args
     from oma.runtime.paths import data_dir
@@ -58,7 +59,11 @@ def run(args: argparse.Namespace) -> int:
         fetcher = VaultRepositoryFetcher(args.vault, options.tokens.token_for("sandbox_server"))
 
     async def main() -> int:
-        manager = build_manager(args.backend, root, image=args.image, fetcher=fetcher)
+        try:
+            manager = build_manager(args.backend, root, image=args.image, fetcher=fetcher)
+        except RuntimeError as error:  # engine missing, root already in use
+            print(f"oma serve sandbox: {error}", file=sys.stderr)
+            return 1
         await manager.start()
         try:
             return await serve("sandbox", [sandbox_service(manager)], options)

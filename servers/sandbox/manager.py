@@ -94,6 +94,7 @@ class SandboxManager:
         self.in_flight: dict[str, asyncio.Future[Sandbox]] = {}
         self.last_used: dict[str, float] = {}
         self.clients: dict[str, ExecutorClient] = {}
+        self._destroying: dict[str, asyncio.Future[None]] = {}
         self._reaper: asyncio.Task[None] | None = None
 
     @property
@@ -171,7 +172,13 @@ class SandboxManager:
         client = self.clients.pop(sandbox_id, None)
         if client is not None:
             client.close()
-        await self.backend.destroy(sandbox_id)
+        # Concurrent terminations (reaper, DestroySandbox, a failed Execute) share one destroy.
+        destroying = self._destroying.get(sandbox_id)
+        if destroying is None:
+            destroying = asyncio.ensure_future(self.backend.destroy(sandbox_id))
+            self._destroying[sandbox_id] = destroying
+            destroying.add_done_callback(lambda _: self._destroying.pop(sandbox_id, None))
+        await asyncio.shield(destroying)
         return sandbox
 
     async def _check_alive(self, sandbox_id: str) -> bool:

@@ -375,3 +375,13 @@ async def test_docker_sandboxes_survive_a_server_restart(
         assert gone.strip() == ""
     finally:
         await stop(second)
+
+
+def test_one_server_per_root(bwrap_path: str, tmp_path: Path) -> None:
+    from oma.servers.sandbox.server import build_manager
+
+    first = build_manager("local", tmp_path / "sandboxes")
+    with pytest.raises(RuntimeError, match="another sandbox server"):
+        build_manager("local", tmp_path / "sandboxes")
+    first.backend.dirs.release()  # type: ignore[attr-defined]
+    build_manager("local", tmp_path / "sandboxes").backend.dirs.release()  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ so that the manager talks to every sandbox the same way, through `run/executor.s
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import shutil
 import time
@@ -73,6 +74,21 @@ class SandboxDirectories:
         root.mkdir(parents=True, exist_ok=True)
         # Only the server may look inside: sockets in here run code in the sandboxes.
         os.chmod(root, 0o700)
+        # One server per root: a second one would reap the first one's sandboxes at start.
+        self._lock_fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise RuntimeError(
+                f"another sandbox server is using {root}; give this one its own --root"
+            ) from None
+
+    def release(self) -> None:
+        """Lets another server process take over this root (after a restart, say)."""
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def base(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id

@@ -13,7 +13,7 @@ The engine never pulls: a missing image is `IMAGE_NOT_FOUND` (build it with
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +137,21 @@ class DockerBackend:
     def _remove(self, sandbox_id: str) -> None:
         import docker.errors
 
-        with contextlib.suppress(docker.errors.NotFound):
-            self.client.api.remove_container(self.container_name(sandbox_id), force=True)
+        name = self.container_name(sandbox_id)
+        try:
+            self.client.api.remove_container(name, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as error:
+            if error.status_code != 409:  # 409: a removal is already in progress
+                raise
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    self.client.api.inspect_container(name)
+                except docker.errors.NotFound:
+                    break
+                time.sleep(0.05)
         self.dirs.remove(sandbox_id)
 
     async def destroy(self, sandbox_id: str) -> None:
@@ -193,3 +206,4 @@ class DockerBackend:
     async def close(self) -> None:
         # Containers outlive the server on purpose (`sandbox.survives_server_restart`).
         await asyncio.to_thread(self.client.close)
+        self.dirs.release()

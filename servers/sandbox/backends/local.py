@@ -221,3 +221,4 @@ class LocalBackend:
     async def close(self) -> None:
         for sandbox_id in list(self.processes):
             await self.destroy(sandbox_id)
+        self.dirs.release()
