@@ -45,6 +45,7 @@ from oma.servers.vault.upstream import (
 
 CREDENTIAL_ID = re.compile(r"^[a-z0-9._-]{1,63}$")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+HTTP_METHOD = re.compile(r"^[A-Z]{1,16}$")
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
 FORBIDDEN_SECRET_HEADERS = {
     "host",
@@ -549,6 +550,27 @@ class Vault:
             return self.limits.default_timeout_seconds
         return min(seconds, self.limits.max_timeout_seconds)
 
+    def _check_request(self, request: HttpRequestSpec) -> None:
+        if not HTTP_METHOD.match(request.method or "GET"):
+            raise invalid_field("request.method", "request.method must be an HTTP method token")
+        for i, (name, value) in enumerate(request.headers):
+            if not HEADER_NAME.match(name):
+                raise invalid_field(
+                    f"request.headers[{i}].name", f"header name {name[:40]!r} is not an HTTP token"
+                )
+            if any(c in value for c in "\r\n\0"):
+                raise invalid_field(
+                    f"request.headers[{i}].value",
+                    f"header {name!r} has a value with control characters",
+                )
+            try:
+                value.encode("latin-1")
+            except UnicodeEncodeError:
+                raise invalid_field(
+                    f"request.headers[{i}].value", f"header {name!r} has a value outside Latin-1"
+                ) from None
+        self._check_request_size(request)
+
     def _check_request_size(self, request: HttpRequestSpec) -> None:
         if len(request.body) > self.limits.max_request_bytes:
             raise VaultError(
@@ -588,9 +610,11 @@ class Vault:
         request: HttpRequestSpec,
         timeout_seconds: float = 0,
     ) -> HttpResponseData:
-        audit = _Audit("proxy", method=(request.method or "GET").upper()[:16])
+        audit = _Audit(
+            "proxy", credential_id=credential_id[:63], method=(request.method or "GET").upper()[:16]
+        )
         try:
-            self._check_request_size(request)
+            self._check_request(request)
             use = await self._use(token, credential_id, request.url, "request.url", audit)
             timeout = self._timeout(timeout_seconds)
             try:
@@ -650,9 +674,13 @@ class Vault:
         timeout_seconds: float = 0,
     ) -> AsyncIterator[StreamHead | bytes]:
         """Yields one `StreamHead`, then scrubbed body chunks (each at most 64 KiB)."""
-        audit = _Audit("proxy_stream", method=(request.method or "GET").upper()[:16])
+        audit = _Audit(
+            "proxy_stream",
+            credential_id=credential_id[:63],
+            method=(request.method or "GET").upper()[:16],
+        )
         try:
-            self._check_request_size(request)
+            self._check_request(request)
             use = await self._use(token, credential_id, request.url, "request.url", audit)
             timeout = self._timeout(timeout_seconds)
             limit = self.limits.max_stream_bytes

@@ -272,3 +272,22 @@ async def test_audit_rows_paged_and_secret_free(vault, echo_server) -> None:
 
 def test_gzip_helper_roundtrip() -> None:
     assert gzip.decompress(gzip.compress(b"x")) == b"x"
+
+
+async def test_malformed_requests_are_invalid_arguments(vault, echo_server) -> None:
+    token = await setup(vault, echo_server)
+    stub = vault.stub("client")
+    url = f"{echo_server.base}/whoami"
+    for kw in (
+        {"method": "GET /x HTTP/1.1\r\nX: y"},
+        {"headers": {"X-Bad": "a\r\nInjected: 1"}},
+        {"headers": {"Bad Name": "v"}},
+    ):
+        await expect_error(
+            proxy(stub, token, "api", url, **kw), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"
+        )
+    await expect_error(
+        proxy(stub, token, "api", "http://user:pw@127.0.0.1/"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+    )
