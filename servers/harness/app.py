@@ -10,7 +10,7 @@ from oma.harness.v1 import harness_pb2_grpc
 from oma.runtime.client import ClientTls, connect
 from oma.runtime.server import RunningServer, ServerOptions, Service, start_server
 from oma.servers.harness.driver import Driver, DriverConfig
-from oma.servers.harness.grpc_ports import GrpcSandbox, GrpcSession
+from oma.servers.harness.grpc_ports import GrpcSandbox, GrpcSession, GrpcVault
 from oma.servers.harness.model import make_client
 from oma.servers.harness.service import SERVICE_NAME, HarnessServicer
 
@@ -57,11 +57,17 @@ class Harness:
 def build_driver(config: HarnessConfig) -> tuple[Driver, list[grpc.aio.Channel]]:
     session_channel = connect(config.session_address, token=config.token, tls=config.tls)
     sandbox_channel = connect(config.sandbox_address, token=config.token, tls=config.tls)
+    channels: list[grpc.aio.Channel] = [session_channel, sandbox_channel]
+    vault = None
+    if config.vault_address:
+        vault_channel = connect(config.vault_address, token=config.token, tls=config.tls)
+        channels.append(vault_channel)
+        vault = GrpcVault(vault_channel)
     model = make_client(config.model_base_url or None, config.model_api_key or None)
     driver = Driver(
-        GrpcSession(session_channel), GrpcSandbox(sandbox_channel), model, config.driver
+        GrpcSession(session_channel), GrpcSandbox(sandbox_channel, vault), model, config.driver
     )
-    return driver, [session_channel, sandbox_channel]
+    return driver, channels
 
 
 async def start_harness(config: HarnessConfig, options: ServerOptions) -> Harness:

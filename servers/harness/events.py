@@ -67,6 +67,8 @@ class Environment:
     allowed_hosts: tuple[str, ...] = ()
     # (path, content, mode) written into the workspace at provision time.
     files: tuple[tuple[str, bytes, int], ...] = ()
+    # (url, ref, path, vault credential id) cloned into the workspace at provision time.
+    repositories: tuple[tuple[str, str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,7 @@ def to_definition(d: definition_pb2.SessionDefinition) -> Definition:
         if e.network.mode == definition_pb2.NETWORK_MODE_ALLOW_LIST
         else (),
         files=tuple((f.path, f.content, f.mode) for f in e.files),
+        repositories=tuple((r.url, r.ref, r.path, r.vault_credential_id) for r in e.repositories),
     )
     return Definition(
         environment=environment,
@@ -322,11 +323,36 @@ class GrpcSession:
         )
 
 
+class GrpcVault:
+    """The one vault call the harness makes: a session-scoped token, never a secret."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        from oma.vault.v1 import vault_pb2_grpc
+
+        self._stub = vault_pb2_grpc.VaultServiceStub(channel)
+
+    async def issue_session_token(self, session_id: str, credential_ids: Sequence[str]) -> str:
+        from oma.vault.v1 import vault_pb2
+
+        request = vault_pb2.IssueSessionTokenRequest(
+            session_id=session_id, credential_ids=list(credential_ids)
+        )
+        try:
+            response = await _retrying(lambda: self._stub.IssueSessionToken(request))
+        except grpc.aio.AioRpcError as error:
+            raise ToolFailed(
+                f"the vault refused a session token ({_reason(error) or error.code().name}: "
+                f"{error.details()})"
+            ) from error
+        return str(response.session_token)
+
+
 class GrpcSandbox:
     """`SandboxPort` over `oma.sandbox.v1.SandboxService`."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, vault: GrpcVault | None = None) -> None:
         self._stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        self._vault = vault
 
     async def find_live(self, session_id: str) -> str | None:
         request = sandbox_pb2.ListSandboxesRequest(label_selector={SESSION_LABEL: session_id})
@@ -362,9 +388,25 @@ class GrpcSandbox:
             image=e.image,
             network=network,
             init=sandbox_pb2.InitSteps(
-                files=[sandbox_pb2.InitFile(path=p, content=c, mode=m) for p, c, m in e.files]
+                files=[sandbox_pb2.InitFile(path=p, content=c, mode=m) for p, c, m in e.files],
+                repositories=[
+                    sandbox_pb2.GitRepository(url=u, ref=r, path=p, credential_id=c)
+                    for u, r, p, c in e.repositories
+                ],
             ),
         )
+        credential_ids = sorted({c for _, _, _, c in e.repositories if c})
+        if credential_ids:
+            # The sandbox server clones through the vault with this token; the harness never
+            # sees the git credential itself.
+            if self._vault is None:
+                raise ToolFailed(
+                    "the session's repositories need vault credentials, but this "
+                    "harness was started without --vault"
+                )
+            request.vault_session_token = await self._vault.issue_session_token(
+                session_id, credential_ids
+            )
         try:
             response = await _retrying(lambda: self._stub.Provision(request), attempts=3)
         except grpc.aio.AioRpcError as error:

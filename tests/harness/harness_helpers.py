@@ -112,6 +112,7 @@ class SessionClient:
         budgets: dict[str, int] | None = None,
         prompt: str = "go",
         image: str = "",
+        files: dict[str, bytes] | None = None,
     ) -> str:
         import uuid
 
@@ -122,7 +123,13 @@ class SessionClient:
             system_prompt=f"You are a test agent. [script:{script}]",
             tools=[definition_pb2.BuiltinTool(name=t) for t in tools],
             budgets=definition_pb2.Budgets(**(budgets or {})),
-            environment=definition_pb2.Environment(image=image),
+            environment=definition_pb2.Environment(
+                image=image,
+                files=[
+                    definition_pb2.WorkspaceFile(path=p, content=c)
+                    for p, c in (files or {}).items()
+                ],
+            ),
         )
         created = await self.sessions.CreateSession(
             session_service_pb2.CreateSessionRequest(

@@ -66,6 +66,16 @@ SCRIPTS: dict[str, Any] = {
             ]
         },
         "slow": {"turns": [{"text": "Slowly, but here I am.", "ttft_ms": 1500}]},
+        "readme": {
+            "turns": [
+                {
+                    "content": [
+                        {"type": "tool_use", "name": "read", "input": {"path": "notes/todo.txt"}}
+                    ]
+                },
+                {"text": "Read it."},
+            ]
+        },
     }
 }
 
@@ -309,3 +319,20 @@ async def test_a_harness_shutting_down_reschedules_its_session(
     assert kinds.index("session.status_rescheduled") < kinds.index("agent.message")
     assert kinds.count("agent.message") == 1
     assert payload(events, "session.status_idle")[0].stop_reason == 1
+
+
+async def test_the_sandbox_is_provisioned_with_the_session_environment(
+    local_peers: Peers,
+    local_client: SessionClient,
+    model: AsyncModelServer,
+    harness_factory: HarnessFactory,
+) -> None:
+    harness = await harness_factory(local_peers, model.base_url)
+    session_id = await local_client.create(
+        "readme", tools=("read",), files={"notes/todo.txt": b"water the plants\n"}
+    )
+    waiting = asyncio.create_task(local_client.wait_idle(session_id))
+    await wake(local_peers, harness.address, session_id)
+    events, _ = await waiting
+    (result,) = payload(events, "agent.tool_result")
+    assert not result.is_error and "water the plants" in result.content[0].text
