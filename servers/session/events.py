@@ -96,17 +96,27 @@ class Limits:
 
 @dataclass
 class PreparedEvent:
-    """One validated event of a batch (the proto is completed with seq/time when stored)."""
+    """One validated event of a batch. `body` is the event serialized without its seq and
+    create_time, which the store appends as wire fields once it has allocated them."""
 
     event: events_pb2.Event
     type: str
+    body: bytes
 
 
 @dataclass
 class PreparedBatch:
+    """A validated batch and what storing it does to the session row, folded in advance so
+    the store's transaction only has to offset indexes by the allocated seq."""
+
     events: list[PreparedEvent]
     ids: list[str]
     needs_lease: bool
+    last_client_index: int = -1  # index of the last user.* event, -1 if none
+    last_status_index: int = -1  # index of the last session.status_* event, -1 if none
+    last_status: int = 0
+    last_idle_index: int = -1
+    last_stop_reason: int = 0
 
 
 def check_id(value: str, field: str, reason: str = "INVALID_FIELD") -> None:
@@ -138,6 +148,8 @@ def prepare_batch(
     seen: set[str] = set()
     total = 0
     needs_lease = False
+    last_client_index = last_status_index = last_idle_index = -1
+    last_status = last_stop_reason = 0
     # The per-event loop is on the hot path of every append: error texts are built only when
     # an error is raised.
     for index, event in enumerate(events):
@@ -200,8 +212,17 @@ def prepare_batch(
         if event.HasField("create_time"):
             event.ClearField("create_time")
         event.type = event_type
-        prepared.append(PreparedEvent(event, event_type))
+        prepared.append(PreparedEvent(event, event_type, event.SerializeToString()))
         ids.append(event_id)
+        if event_type in CLIENT_TYPES:
+            last_client_index = index
+        else:
+            status = STATUS_OF_TYPE.get(event_type)
+            if status is not None:
+                last_status_index, last_status = index, status
+                if status == STATUS_IDLE:
+                    last_idle_index = index
+                    last_stop_reason = event.session_status_idle.stop_reason
     if total > limits.max_batch_bytes:
         raise InvalidArgument(
             "BATCH_TOO_LARGE",
@@ -210,7 +231,16 @@ def prepare_batch(
             field="events",
             limit=str(limits.max_batch_bytes),
         )
-    return PreparedBatch(prepared, ids, needs_lease)
+    return PreparedBatch(
+        prepared,
+        ids,
+        needs_lease,
+        last_client_index,
+        last_status_index,
+        last_status,
+        last_idle_index,
+        last_stop_reason,
+    )
 
 
 def _check_payload(event: events_pb2.Event, field: str, event_type: str, where: str) -> None:

@@ -161,8 +161,8 @@ class Hub:
 
     def _on_local_change(self, change: Change) -> None:
         watchers = self._event_watchers.get(change.session_id)
-        if watchers and change.events:
-            for event in change.events:
+        if watchers and change.bodies:
+            for event in change.events():  # parsed once, only when someone watches
                 for watcher in watchers:
                     watcher.offer(event)
         self._consider_pending(change.session_id, change.state)

@@ -125,18 +125,21 @@ class AppendResult:
     seqs: list[int]
     last_seq: int
     replayed: bool
-    stored: list[events_pb2.Event] = field(default_factory=list)
 
 
 @dataclass
 class Change:
-    """What a committed write changed, for the hub. `events` holds the stored events of an
-    append (in seq order); `state` is the session row after the write."""
+    """What a committed write changed, for the hub: the session row after the write and, for
+    an append, the stored events (serialized, seqs `first_seq`, `first_seq + 1`, ...)."""
 
     session_id: str
     state: SessionState
-    events: list[events_pb2.Event] = field(default_factory=list)
+    first_seq: int = 0
+    bodies: list[bytes] = field(default_factory=list)
     notified: bool = False  # PostgreSQL: NOTIFY already sent inside the transaction
+
+    def events(self) -> list[events_pb2.Event]:
+        return [events_pb2.Event.FromString(body) for body in self.bodies]
 
 
 Listener = Callable[[Change], None]
@@ -237,11 +240,9 @@ class SessionStore:
             )
 
     def _payload(self, change: Change) -> str:
-        if change.events:
-            payload = (
-                f"{self.origin} a {change.session_id} {change.events[0].seq} "
-                f"{change.events[-1].seq}"
-            )
+        if change.bodies:
+            last = change.first_seq + len(change.bodies) - 1
+            payload = f"{self.origin} a {change.session_id} {change.first_seq} {last}"
         else:
             payload = f"{self.origin} l {change.session_id} 0 {change.state.last_seq}"
         return payload
@@ -347,7 +348,7 @@ class SessionStore:
                 fencing_token=0,
                 lease_expire_us=None,
             )
-            changes.append(Change(session_id, state, [first]))
+            changes.append(Change(session_id, state, 1, [first.SerializeToString()]))
             return state, True
 
         for attempt in range(2):
@@ -432,23 +433,30 @@ class SessionStore:
             now = now_us()
             if batch.needs_lease:
                 _check_fencing(state, fencing_token, now)
-            rows = []
-            stored = []
-            seq = state.last_seq
-            seconds, nanos = divmod(now, 1_000_000)
-            for item in batch.events:
-                seq += 1
-                event = item.event
-                event.seq = seq
-                event.create_time.seconds = seconds
-                event.create_time.nanos = nanos * 1000
-                rows.append((state.pk, seq, event.id, item.type, event.SerializeToString()))
-                stored.append(event)
-                _apply(state, item.type, event, seq)
-            state.last_seq = seq
+            first_seq = state.last_seq + 1
+            # Each body gets its seq (field 2) and create_time (field 3) appended as wire fields:
+            # protobuf parsers take fields in any order, so this is the complete Event.
+            stamp = _timestamp_field(now)
+            pk = state.pk
+            rows = [
+                (pk, seq, item.event.id, item.type, item.body + b"\x10" + _varint(seq) + stamp)
+                for seq, item in enumerate(batch.events, start=first_seq)
+            ]
+            state.last_seq = first_seq + len(rows) - 1
             state.update_time_us = now
+            if batch.last_client_index >= 0:
+                state.last_user_seq = first_seq + batch.last_client_index
+            if batch.last_status_index >= 0:
+                state.status = batch.last_status
+                if batch.last_idle_index >= 0:
+                    state.last_idle_seq = first_seq + batch.last_idle_index
+                    state.stop_reason = batch.last_stop_reason
+                if batch.last_status == ev.STATUS_TERMINATED:
+                    # A terminated session has no driver; its lease ends with it.
+                    state.lease_holder = None
+                    state.lease_expire_us = None
             conn.exec_driver_sql(self._insert_events, rows)
-            change = Change(session_id, state, stored)
+            change = Change(session_id, state, first_seq, [row[4] for row in rows])
             values: tuple[Any, ...] = (
                 state.last_seq,
                 state.status,
@@ -467,7 +475,7 @@ class SessionStore:
             if change.notified:
                 result.all()  # the RETURNING row: the NOTIFY was queued
             changes.append(change)
-            return AppendResult([e.seq for e in stored], state.last_seq, False, stored)
+            return AppendResult(list(range(first_seq, state.last_seq + 1)), state.last_seq, False)
 
         return await self._write(append)
 
@@ -687,22 +695,22 @@ def _check_fencing(state: SessionState, token: int, at_us: int) -> None:
         )
 
 
-def _apply(state: SessionState, event_type: str, event: events_pb2.Event, seq: int) -> None:
-    """Fold one stored event into the session row (status follows the status events)."""
-    if event_type in ev.CLIENT_TYPES:
-        state.last_user_seq = seq
-        return
-    status = ev.STATUS_OF_TYPE.get(event_type)
-    if status is None:
-        return
-    state.status = status
-    if status == ev.STATUS_IDLE:
-        state.stop_reason = event.session_status_idle.stop_reason
-        state.last_idle_seq = seq
-    elif status == ev.STATUS_TERMINATED:
-        # A terminated session has no driver; its lease ends with it.
-        state.lease_holder = None
-        state.lease_expire_us = None
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _timestamp_field(at_us: int) -> bytes:
+    """`create_time` (field 3 of Event) as wire bytes: a google.protobuf.Timestamp."""
+    seconds, micros = divmod(at_us, 1_000_000)
+    stamp = b"\x08" + _varint(seconds)
+    if micros:
+        stamp += b"\x10" + _varint(micros * 1000)
+    return b"\x1a" + _varint(len(stamp)) + stamp
 
 
 def _fingerprint(*parts: object) -> bytes:
