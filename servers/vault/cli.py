@@ -63,6 +63,20 @@ async def build_vault(db_url: str, key_file: Path) -> object:
     return Vault(store, Keyring.load(key_file))
 
 
+async def _finish_rotation(vault: object) -> None:
+    import logging
+
+    from oma.servers.vault.core import Vault
+
+    assert isinstance(vault, Vault)
+    count, unreadable = await vault.reencrypt_stale()
+    log = logging.getLogger("oma.vault")
+    if count:
+        log.warning("re-encrypted %d secrets under the current master key", count)
+    if unreadable:
+        log.error("credentials under a master key this vault does not hold: %s", unreadable)
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -88,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"oma vault: {exc}")
             return 1
         assert isinstance(vault, Vault)
+        # Finishes an interrupted rotation, or a restart with a new environment key, while
+        # already serving.
+        background = asyncio.create_task(_finish_rotation(vault))
         lookup = session_lookup_factory(args.session) if args.session else None
         service = Service(
             VaultServicer(vault, lookup),
@@ -97,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             return await serve("vault", [service], options)
         finally:
+            background.cancel()
             await vault.close()
 
     return asyncio.run(main())

@@ -787,30 +787,50 @@ class Vault:
         if self.keyring.external:
             raise VaultError(
                 "MASTER_KEY_EXTERNAL",
-                "the master key comes from OMA_VAULT_MASTER_KEY; rotate it by re-encrypting "
-                "offline, or run the vault with a key file to rotate it online",
+                "the master key comes from OMA_VAULT_MASTER_KEY; restart the vault with the new "
+                "key there and the old one in OMA_VAULT_PREVIOUS_MASTER_KEYS (it re-encrypts "
+                "while serving), or run it with a key file to rotate online",
             )
         async with self._rotation_lock:
             new_id = await asyncio.to_thread(self.keyring.begin_rotation)
-            count = 0
-            while True:
-                stale = await self.store.credentials_not_under(new_id)
-                if not stale:
-                    break
-                for record in stale:
-                    plain = self.keyring.open(
-                        record.sealed, record.info.credential_id, record.info.version
-                    )
-                    sealed = self.keyring.seal(
-                        plain, record.info.credential_id, record.info.version
-                    )
-                    # Compare-and-set: a concurrent rotation or refresh already re-sealed the
-                    # row under the new key, which the next pass confirms.
-                    if await self.store.replace_secret(record.info, sealed, expected=record.sealed):
-                        count += 1
-            await asyncio.to_thread(self.keyring.finish_rotation)
+            count, unreadable = await self._reencrypt_all()
+            if not unreadable:
+                await asyncio.to_thread(self.keyring.finish_rotation)
             await self.store.add_audit(actor=actor, action="rotate_master_key", outcome="OK")
             return new_id, count
+
+    async def reencrypt_stale(self) -> tuple[int, list[str]]:
+        """Finish any rotation: re-encrypt secrets still under a retired key the keyring holds
+        (an interrupted rotation, or a restart with OMA_VAULT_PREVIOUS_MASTER_KEYS). Returns
+        how many were re-encrypted and the ids of credentials under a key nobody holds."""
+        async with self._rotation_lock:
+            count, unreadable = await self._reencrypt_all()
+            if not unreadable and not self.keyring.external:
+                await asyncio.to_thread(self.keyring.finish_rotation)
+            return count, unreadable
+
+    async def _reencrypt_all(self) -> tuple[int, list[str]]:
+        count = 0
+        unreadable: set[str] = set()
+        while True:
+            stale = [
+                r
+                for r in await self.store.credentials_not_under(self.keyring.current_id)
+                if r.info.credential_id not in unreadable
+            ]
+            if not stale:
+                return count, sorted(unreadable)
+            for record in stale:
+                credential_id, version = record.info.credential_id, record.info.version
+                if not self.keyring.holds(record.sealed.key_id):
+                    unreadable.add(credential_id)
+                    continue
+                plain = self.keyring.open(record.sealed, credential_id, version)
+                sealed = self.keyring.seal(plain, credential_id, version)
+                # Compare-and-set: a concurrent rotation or refresh already re-sealed the
+                # row under the new key, which the next pass confirms.
+                if await self.store.replace_secret(record.info, sealed, expected=record.sealed):
+                    count += 1
 
 
 def _scrub_headers(

@@ -3,7 +3,9 @@ bound as associated data (so a ciphertext copied onto another row or version fai
 decrypt), and a keyring that lets the master key rotate while the server keeps serving.
 
 Master key sources, in order: the `OMA_VAULT_MASTER_KEY` environment variable (base64 of 32
-bytes; the server cannot rotate such a key itself), else a key file (created 0600 with a
+bytes; the server cannot rotate such a key itself, but restarted with the new key there and
+old ones in `OMA_VAULT_PREVIOUS_MASTER_KEYS` (comma-separated) it re-encrypts every secret
+under the new key while serving), else a key file (created 0600 with a
 fresh random key when missing). A key file holds one base64 key per line, the current key
 first; older lines are kept only while a rotation is re-encrypting secrets.
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 MASTER_KEY_ENV = "OMA_VAULT_MASTER_KEY"
+PREVIOUS_KEYS_ENV = "OMA_VAULT_PREVIOUS_MASTER_KEYS"
 KEY_BYTES = 32
 NONCE_BYTES = 12
 
@@ -87,7 +90,12 @@ class Keyring:
         """From `OMA_VAULT_MASTER_KEY` if set, else from `key_file` (created if missing)."""
         env = os.environ if environ is None else environ
         if env.get(MASTER_KEY_ENV):
-            return cls(_decode_key(env[MASTER_KEY_ENV], MASTER_KEY_ENV), [], None)
+            previous = [
+                _decode_key(item, PREVIOUS_KEYS_ENV)
+                for item in env.get(PREVIOUS_KEYS_ENV, "").split(",")
+                if item.strip()
+            ]
+            return cls(_decode_key(env[MASTER_KEY_ENV], MASTER_KEY_ENV), previous, None)
         if not key_file.exists():
             _write_key_file(key_file, [secrets.token_bytes(KEY_BYTES)])
         lines = [ln for ln in key_file.read_text(encoding="ascii").splitlines() if ln.strip()]
@@ -99,6 +107,9 @@ class Keyring:
     @property
     def current_id(self) -> str:
         return self._current
+
+    def holds(self, key_id: str) -> bool:
+        return key_id in self._keys
 
     @property
     def external(self) -> bool:

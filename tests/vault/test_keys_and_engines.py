@@ -154,3 +154,53 @@ async def test_oma_serve_vault_uses_the_data_dir(tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 30) == 0
+
+
+async def test_environment_key_rotates_by_restart(tmp_path: Path, echo_server) -> None:
+    import base64
+
+    from oma.servers.vault.core import Vault
+    from oma.servers.vault.crypto import Keyring
+    from oma.servers.vault.models import AllowedHost, CredentialKind, Secret
+    from oma.servers.vault.store import VaultStore
+
+    old, new = (base64.b64encode(os.urandom(32)).decode() for _ in range(2))
+    url = f"sqlite+aiosqlite:///{tmp_path / 'env.db'}"
+    store = VaultStore(url)
+    await store.initialize()
+    first = Vault(store, Keyring.load(tmp_path / "x.key", environ={"OMA_VAULT_MASTER_KEY": old}))
+    for i in range(3):
+        await first.create_credential(
+            actor="admin",
+            credential_id=f"e{i}",
+            secret=Secret(CredentialKind.BEARER, token=f"env-secret-{i}-xx"),
+            allowed_hosts=[AllowedHost("127.0.0.1")],
+        )
+    await first.close()
+
+    store = VaultStore(url)
+    environ = {"OMA_VAULT_MASTER_KEY": new, "OMA_VAULT_PREVIOUS_MASTER_KEYS": old}
+    second = Vault(store, Keyring.load(tmp_path / "x.key", environ=environ))
+    try:
+        count, unreadable = await second.reencrypt_stale()
+        assert (count, unreadable) == (3, [])
+        assert not (tmp_path / "x.key").exists()
+        only_new = Keyring.load(tmp_path / "x.key", environ={"OMA_VAULT_MASTER_KEY": new})
+        for i in range(3):
+            record = await store.get_credential(f"e{i}")
+            assert record.sealed.key_id == only_new.current_id
+            assert f"env-secret-{i}".encode() in only_new.open(record.sealed, f"e{i}", 1)
+        await expect_error_domain(second)
+    finally:
+        await second.close()
+
+
+async def expect_error_domain(vault) -> None:
+    from oma.servers.vault.errors import VaultError
+
+    try:
+        await vault.rotate_master_key(actor="admin")
+    except VaultError as exc:
+        assert exc.reason == "MASTER_KEY_EXTERNAL"
+    else:
+        raise AssertionError("an environment key cannot be rotated online")
