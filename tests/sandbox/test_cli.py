@@ -50,7 +50,7 @@ async def test_serve_sandbox_local_until_sigterm(bwrap_path: str, tmp_path: Path
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 60) == 0
         # Local sandboxes die with their server, and leave nothing behind.
-        assert not [p for p in root.iterdir() if p.name.startswith("sb-")]
+        assert list(root.glob("**/sb-*")) == [] and list(root.glob("i-*")) == []
     finally:
         if process.returncode is None:
             process.kill()

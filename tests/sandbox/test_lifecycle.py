@@ -146,7 +146,7 @@ async def test_destroy_is_idempotent_and_final(sandbox_server: SandboxServer) ->
         pb.ListSandboxesRequest(label_selector={SESSION: "gone"}, include_terminated=True)
     )
     assert [s.id for s in with_dead.sandboxes] == [sandbox.id]
-    assert not (sandbox_server.root / sandbox.id).exists()
+    assert list(sandbox_server.root.glob(f"**/{sandbox.id}")) == []
 
 
 async def test_killed_from_outside_is_terminated(
@@ -205,7 +205,7 @@ async def test_bad_provision_requests(sandbox_server: SandboxServer) -> None:
     # Failed provisions leave nothing behind.
     listed = await sandbox_server.stub.ListSandboxes(pb.ListSandboxesRequest())
     assert not listed.sandboxes
-    assert [p.name for p in sandbox_server.root.iterdir() if p.name.startswith("sb-")] == []
+    assert list(sandbox_server.root.glob("**/sb-*")) == []
 
 
 @pytest.fixture
@@ -296,7 +296,7 @@ async def test_credentialed_repository_without_vault_fails_cleanly(
     )
     listed = await sandbox_server.stub.ListSandboxes(pb.ListSandboxesRequest())
     assert not listed.sandboxes
-    assert [p.name for p in sandbox_server.root.iterdir() if p.name.startswith("sb-")] == []
+    assert list(sandbox_server.root.glob("**/sb-*")) == []
 
 
 @pytest.mark.parametrize("backend", ["docker", "local"])
@@ -377,11 +377,34 @@ async def test_docker_sandboxes_survive_a_server_restart(
         await stop(second)
 
 
-def test_one_server_per_root(bwrap_path: str, tmp_path: Path) -> None:
+def test_one_docker_server_per_root(docker_client: object, tmp_path: Path) -> None:
     from oma.servers.sandbox.server import build_manager
 
-    first = build_manager("local", tmp_path / "sandboxes")
+    first = build_manager("docker", tmp_path / "sandboxes")
     with pytest.raises(RuntimeError, match="another sandbox server"):
-        build_manager("local", tmp_path / "sandboxes")
+        build_manager("docker", tmp_path / "sandboxes")
     first.backend.dirs.release()  # type: ignore[attr-defined]
-    build_manager("local", tmp_path / "sandboxes").backend.dirs.release()  # type: ignore[attr-defined]
+    build_manager("docker", tmp_path / "sandboxes").backend.dirs.release()  # type: ignore[attr-defined]
+
+
+async def test_local_servers_share_a_root_and_reap_dead_ones(
+    bwrap_path: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "sandboxes"
+    first = await start("local", root)
+    second = await start("local", root)
+    try:
+        a = await first.provision()
+        b = await second.provision()
+        assert (await first.bash(a.id, "echo a")).output == "a\n"
+        assert (await second.bash(b.id, "echo b")).output == "b\n"
+        # A server that died without cleaning up: its lock is free, its directory remains.
+        backend = first.manager.backend
+        backend.dirs.release()  # type: ignore[attr-defined]
+        third = await start("local", root)
+        await stop(third)
+        assert not backend.instance.exists()  # type: ignore[attr-defined]
+        assert (await second.bash(b.id, "echo still")).output == "still\n"
+    finally:
+        await stop(second)
+        await stop(first)

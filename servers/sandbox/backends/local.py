@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import os
+import secrets
 import shutil
 import signal
 from pathlib import Path
@@ -61,10 +63,16 @@ class LocalBackend:
         if found is None:
             raise RuntimeError("bubblewrap (`bwrap`) is not installed: apt-get install bubblewrap")
         self.bwrap = found
-        self.dirs = SandboxDirectories(root)
-        # Cgroups are named after the root too, so two servers on one host never touch each
-        # other's sandboxes when reaping.
-        self.cgroup_prefix = "r" + hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:10]
+        # Jails die with their server, so nothing is shared between server processes: each one
+        # works in an instance directory of its own under `root` (several servers may share a
+        # root), and reaps the instances whose server died (their lock is free).
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o700)
+        reap_dead_instances(root)
+        self.instance = root / f"i-{os.getpid()}-{secrets.token_hex(4)}"
+        self.dirs = SandboxDirectories(self.instance)
+        self.cgroup_prefix = cgroup_prefix(self.instance)
+        root = self.instance
         self.processes: dict[str, asyncio.subprocess.Process] = {}
         self.cgroups: dict[str, Cgroup] = {}
         self.etc = root / "_etc"
@@ -207,18 +215,39 @@ class LocalBackend:
         )
 
     async def recover(self) -> list[Sandbox]:
-        def reap() -> None:
-            for cgroup in Cgroup.leftovers():
-                if cgroup.name.startswith(self.cgroup_prefix + "-"):
-                    cgroup.remove()
-            for sandbox_id in self.dirs.known_ids():
-                self.dirs.remove(sandbox_id)
-
-        # Nothing survives a restart of this backend: a previous process's jails died with it.
-        await asyncio.to_thread(reap)
+        # Nothing survives a restart of this backend: a previous process's jails died with it,
+        # and its instance directory was reaped when this one was made.
         return []
 
     async def close(self) -> None:
         for sandbox_id in list(self.processes):
             await self.destroy(sandbox_id)
         self.dirs.release()
+        shutil.rmtree(self.instance, ignore_errors=True)
+
+
+def cgroup_prefix(instance: Path) -> str:
+    """Cgroups are named after their instance, so servers never touch each other's."""
+    return "r" + hashlib.sha256(str(instance.resolve()).encode()).hexdigest()[:10]
+
+
+def reap_dead_instances(root: Path) -> None:
+    """Removes what servers that died without cleaning up left under `root`: their cgroups
+    (killing any process still in them) and their instance directories."""
+    for instance in root.glob("i-*"):
+        try:
+            fd = os.open(instance / ".lock", os.O_RDWR)
+        except OSError:
+            shutil.rmtree(instance, ignore_errors=True)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # its server is alive
+        finally:
+            os.close(fd)
+        prefix = cgroup_prefix(instance) + "-"
+        for cgroup in Cgroup.leftovers():
+            if cgroup.name.startswith(prefix):
+                cgroup.remove()
+        shutil.rmtree(instance, ignore_errors=True)
