@@ -534,16 +534,28 @@ class Vault:
                     host=parse_target(current.token_endpoint, "token_endpoint").display,
                     method="POST",
                 )
+            record = await self._store_refreshed(record, fresh)
+            use.extra_secrets += current.secret_values()
+            use.record, use.secret = record, fresh
+
+    async def _store_refreshed(self, record: CredentialRecord, fresh: Secret) -> CredentialRecord:
+        """Persist refreshed tokens. Providers that rotate refresh tokens invalidate the old
+        one, so losing this write would break the credential: a row that was merely
+        re-encrypted meanwhile (master-key rotation) is retried; only a newer version (an
+        admin rotation) wins over the refresh."""
+        while True:
             info = dataclasses.replace(
                 record.info,
                 access_token_expires_at=fresh.access_token_expires_at,
                 updated_at=time.time(),
             )
-            sealed = self.keyring.seal(fresh.to_json(), credential_id, info.version)
+            sealed = self.keyring.seal(fresh.to_json(), info.credential_id, info.version)
             if await self.store.replace_secret(info, sealed, expected=record.sealed):
-                record = CredentialRecord(info, sealed, record.request_id, record.request_hash)
-            use.extra_secrets += current.secret_values()
-            use.record, use.secret = record, fresh
+                return CredentialRecord(info, sealed, record.request_id, record.request_hash)
+            latest = await self.store.get_credential(info.credential_id)
+            if latest is None or latest.info.version != record.info.version:
+                return latest or record
+            record = latest
 
     def _timeout(self, seconds: float) -> float:
         if seconds <= 0:
