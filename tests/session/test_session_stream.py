@@ -253,3 +253,33 @@ async def test_open_streams_end_cleanly_on_shutdown(
             assert exc.code() == grpc.StatusCode.UNAVAILABLE
             assert error_info(exc).reason == "SERVER_SHUTTING_DOWN"  # type: ignore[union-attr]
     assert not server.hub._event_watchers and not server.hub._pending_watchers
+
+
+async def test_watcher_survives_a_lost_listen_connection(
+    pg_database: str, tokens: TokenTable, stub_for: Callable[..., SessionServiceStub]
+) -> None:
+    """PostgreSQL only: when a server's LISTEN connection dies, notifications sent meanwhile
+    are lost; the server reconnects and its watchers reread storage, so nothing is missed."""
+    import psycopg
+
+    url = pg_database.replace("postgresql://", "postgresql+asyncpg://", 1)
+    options = ServerOptions(tokens=tokens, grace_seconds=0.5)
+    one = await SessionServer.start(url, options)
+    two = await SessionServer.start(url, options)
+    try:
+        a, b = stub_for(one, "harness"), stub_for(two, "harness")
+        sid = await new_session(a)
+        stream = b.StreamEvents(pb.StreamEventsRequest(session_id=sid, follow=True))
+        assert (await asyncio.wait_for(stream.read(), PATIENCE)).event.seq == 1
+        listener_pid = two.hub._listen_conn.get_server_pid()
+        with psycopg.connect(pg_database, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (listener_pid,))
+        for i in range(20):
+            await a.AppendEvents(
+                pb.AppendEventsRequest(session_id=sid, events=[user_message(str(i))])
+            )
+        assert await collect_until(stream, 21) == list(range(2, 22))
+        assert two.hub._listen_conn.get_server_pid() != listener_pid
+    finally:
+        await one.stop(0.5)
+        await two.stop(0.5)
