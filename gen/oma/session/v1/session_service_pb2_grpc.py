@@ -182,8 +182,8 @@ class SessionServiceServicer:
         [SESSION-APPEND-001] A malformed request MUST fail with `INVALID_ARGUMENT` before anything
         else is checked: an empty batch or an id twice in the batch (`INVALID_FIELD`), a malformed
         id (`INVALID_EVENT_ID`), an event without payload, a `session.created` payload, a missing
-        or extra `tool_use_id`, or a harness event from a caller with the client role
-        (`INVALID_EVENT`), an event over `session.max_event_bytes` (`EVENT_TOO_LARGE`), a batch
+        or extra `tool_use_id`, a `session.status_terminated` that is not the last event of the
+        batch, or a harness event from a caller with the client role (`INVALID_EVENT`), an event over `session.max_event_bytes` (`EVENT_TOO_LARGE`), a batch
         over `session.max_batch_events` or `session.max_batch_bytes` (`BATCH_TOO_LARGE`); an
         unknown session MUST fail with `NOT_FOUND` / `SESSION_NOT_FOUND`.
         [SESSION-APPEND-002] When every id of the batch is already in the log, the server MUST
@@ -217,8 +217,10 @@ class SessionServiceServicer:
 
     def GetEvents(self, request, context):
         """Reads a positional slice of a session's log. Read only. A bad token is
-        `INVALID_ARGUMENT` / `INVALID_PAGE_TOKEN`; an unknown session `NOT_FOUND` /
-        `SESSION_NOT_FOUND`.
+        `INVALID_ARGUMENT` / `INVALID_PAGE_TOKEN`; an unknown type name in `types`
+        `INVALID_ARGUMENT` / `INVALID_FIELD`; an unknown session `NOT_FOUND` /
+        `SESSION_NOT_FOUND`. A page may hold fewer than `page_size` events when they are large
+        (the reference server stops a page at 8 MiB); only an empty `next_page_token` ends it.
 
         [SESSION-READ-001] The server MUST return the events with `after_seq < seq < before_seq`
         (`before_seq` 0 meaning no upper bound) whose type is in `types` (empty meaning all), in
@@ -274,7 +276,8 @@ class SessionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RenewLease(self, request, context):
-        """Extends the live lease named by its fencing token to now + `ttl`.
+        """Extends the live lease named by its fencing token to now + `ttl`. An unknown session is
+        `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
         [SESSION-LEASE-004] A token that is not the session's live lease (expired, released or
         superseded) MUST fail with `ABORTED` / `LEASE_LOST`; the caller stops driving the session.
@@ -284,7 +287,8 @@ class SessionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseLease(self, request, context):
-        """Gives the lease up so another harness can take the session at once.
+        """Gives the lease up so another harness can take the session at once. An unknown session
+        is `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
         [SESSION-LEASE-005] Releasing MUST be idempotent: a token that is not the live lease's
         (already released, expired or superseded) MUST succeed and change nothing.
@@ -298,7 +302,8 @@ class SessionServiceServicer:
     def PublishPreview(self, request, context):
         """Publishes an ephemeral text delta (the model streaming) to the session's live watchers.
         Never stored; best effort. A `text_delta` over `session.max_preview_bytes` is
-        `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews.
+        `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews. An unknown session
+        is `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
         [SESSION-PREVIEW-001] The server MUST refuse a preview whose fencing token is not the
         live lease's with `ABORTED` / `LEASE_LOST`, and MUST NOT store previews.

@@ -90,8 +90,8 @@ class SessionServiceStub:
     [SESSION-APPEND-001] A malformed request MUST fail with `INVALID_ARGUMENT` before anything
     else is checked: an empty batch or an id twice in the batch (`INVALID_FIELD`), a malformed
     id (`INVALID_EVENT_ID`), an event without payload, a `session.created` payload, a missing
-    or extra `tool_use_id`, or a harness event from a caller with the client role
-    (`INVALID_EVENT`), an event over `session.max_event_bytes` (`EVENT_TOO_LARGE`), a batch
+    or extra `tool_use_id`, a `session.status_terminated` that is not the last event of the
+    batch, or a harness event from a caller with the client role (`INVALID_EVENT`), an event over `session.max_event_bytes` (`EVENT_TOO_LARGE`), a batch
     over `session.max_batch_events` or `session.max_batch_bytes` (`BATCH_TOO_LARGE`); an
     unknown session MUST fail with `NOT_FOUND` / `SESSION_NOT_FOUND`.
     [SESSION-APPEND-002] When every id of the batch is already in the log, the server MUST
@@ -121,8 +121,10 @@ class SessionServiceStub:
     """
     GetEvents: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.GetEventsRequest, _session_service_pb2.GetEventsResponse]
     """Reads a positional slice of a session's log. Read only. A bad token is
-    `INVALID_ARGUMENT` / `INVALID_PAGE_TOKEN`; an unknown session `NOT_FOUND` /
-    `SESSION_NOT_FOUND`.
+    `INVALID_ARGUMENT` / `INVALID_PAGE_TOKEN`; an unknown type name in `types`
+    `INVALID_ARGUMENT` / `INVALID_FIELD`; an unknown session `NOT_FOUND` /
+    `SESSION_NOT_FOUND`. A page may hold fewer than `page_size` events when they are large
+    (the reference server stops a page at 8 MiB); only an empty `next_page_token` ends it.
 
     [SESSION-READ-001] The server MUST return the events with `after_seq < seq < before_seq`
     (`before_seq` 0 meaning no upper bound) whose type is in `types` (empty meaning all), in
@@ -166,13 +168,15 @@ class SessionServiceStub:
     there is none. The reference server on PostgreSQL claims with `FOR UPDATE SKIP LOCKED`.
     """
     RenewLease: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.RenewLeaseRequest, _session_service_pb2.RenewLeaseResponse]
-    """Extends the live lease named by its fencing token to now + `ttl`.
+    """Extends the live lease named by its fencing token to now + `ttl`. An unknown session is
+    `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
     [SESSION-LEASE-004] A token that is not the session's live lease (expired, released or
     superseded) MUST fail with `ABORTED` / `LEASE_LOST`; the caller stops driving the session.
     """
     ReleaseLease: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.ReleaseLeaseRequest, _session_service_pb2.ReleaseLeaseResponse]
-    """Gives the lease up so another harness can take the session at once.
+    """Gives the lease up so another harness can take the session at once. An unknown session
+    is `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
     [SESSION-LEASE-005] Releasing MUST be idempotent: a token that is not the live lease's
     (already released, expired or superseded) MUST succeed and change nothing.
@@ -182,7 +186,8 @@ class SessionServiceStub:
     PublishPreview: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.PublishPreviewRequest, _session_service_pb2.PublishPreviewResponse]
     """Publishes an ephemeral text delta (the model streaming) to the session's live watchers.
     Never stored; best effort. A `text_delta` over `session.max_preview_bytes` is
-    `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews.
+    `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews. An unknown session
+    is `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
     [SESSION-PREVIEW-001] The server MUST refuse a preview whose fencing token is not the
     live lease's with `ABORTED` / `LEASE_LOST`, and MUST NOT store previews.
@@ -258,8 +263,8 @@ class SessionServiceAsyncStub(SessionServiceStub):
     [SESSION-APPEND-001] A malformed request MUST fail with `INVALID_ARGUMENT` before anything
     else is checked: an empty batch or an id twice in the batch (`INVALID_FIELD`), a malformed
     id (`INVALID_EVENT_ID`), an event without payload, a `session.created` payload, a missing
-    or extra `tool_use_id`, or a harness event from a caller with the client role
-    (`INVALID_EVENT`), an event over `session.max_event_bytes` (`EVENT_TOO_LARGE`), a batch
+    or extra `tool_use_id`, a `session.status_terminated` that is not the last event of the
+    batch, or a harness event from a caller with the client role (`INVALID_EVENT`), an event over `session.max_event_bytes` (`EVENT_TOO_LARGE`), a batch
     over `session.max_batch_events` or `session.max_batch_bytes` (`BATCH_TOO_LARGE`); an
     unknown session MUST fail with `NOT_FOUND` / `SESSION_NOT_FOUND`.
     [SESSION-APPEND-002] When every id of the batch is already in the log, the server MUST
@@ -289,8 +294,10 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """
     GetEvents: _aio.UnaryUnaryMultiCallable[_session_service_pb2.GetEventsRequest, _session_service_pb2.GetEventsResponse]  # type: ignore[assignment]
     """Reads a positional slice of a session's log. Read only. A bad token is
-    `INVALID_ARGUMENT` / `INVALID_PAGE_TOKEN`; an unknown session `NOT_FOUND` /
-    `SESSION_NOT_FOUND`.
+    `INVALID_ARGUMENT` / `INVALID_PAGE_TOKEN`; an unknown type name in `types`
+    `INVALID_ARGUMENT` / `INVALID_FIELD`; an unknown session `NOT_FOUND` /
+    `SESSION_NOT_FOUND`. A page may hold fewer than `page_size` events when they are large
+    (the reference server stops a page at 8 MiB); only an empty `next_page_token` ends it.
 
     [SESSION-READ-001] The server MUST return the events with `after_seq < seq < before_seq`
     (`before_seq` 0 meaning no upper bound) whose type is in `types` (empty meaning all), in
@@ -334,13 +341,15 @@ class SessionServiceAsyncStub(SessionServiceStub):
     there is none. The reference server on PostgreSQL claims with `FOR UPDATE SKIP LOCKED`.
     """
     RenewLease: _aio.UnaryUnaryMultiCallable[_session_service_pb2.RenewLeaseRequest, _session_service_pb2.RenewLeaseResponse]  # type: ignore[assignment]
-    """Extends the live lease named by its fencing token to now + `ttl`.
+    """Extends the live lease named by its fencing token to now + `ttl`. An unknown session is
+    `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
     [SESSION-LEASE-004] A token that is not the session's live lease (expired, released or
     superseded) MUST fail with `ABORTED` / `LEASE_LOST`; the caller stops driving the session.
     """
     ReleaseLease: _aio.UnaryUnaryMultiCallable[_session_service_pb2.ReleaseLeaseRequest, _session_service_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
-    """Gives the lease up so another harness can take the session at once.
+    """Gives the lease up so another harness can take the session at once. An unknown session
+    is `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
     [SESSION-LEASE-005] Releasing MUST be idempotent: a token that is not the live lease's
     (already released, expired or superseded) MUST succeed and change nothing.
@@ -350,7 +359,8 @@ class SessionServiceAsyncStub(SessionServiceStub):
     PublishPreview: _aio.UnaryUnaryMultiCallable[_session_service_pb2.PublishPreviewRequest, _session_service_pb2.PublishPreviewResponse]  # type: ignore[assignment]
     """Publishes an ephemeral text delta (the model streaming) to the session's live watchers.
     Never stored; best effort. A `text_delta` over `session.max_preview_bytes` is
-    `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews.
+    `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews. An unknown session
+    is `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
     [SESSION-PREVIEW-001] The server MUST refuse a preview whose fencing token is not the
     live lease's with `ABORTED` / `LEASE_LOST`, and MUST NOT store previews.
@@ -453,8 +463,8 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         [SESSION-APPEND-001] A malformed request MUST fail with `INVALID_ARGUMENT` before anything
         else is checked: an empty batch or an id twice in the batch (`INVALID_FIELD`), a malformed
         id (`INVALID_EVENT_ID`), an event without payload, a `session.created` payload, a missing
-        or extra `tool_use_id`, or a harness event from a caller with the client role
-        (`INVALID_EVENT`), an event over `session.max_event_bytes` (`EVENT_TOO_LARGE`), a batch
+        or extra `tool_use_id`, a `session.status_terminated` that is not the last event of the
+        batch, or a harness event from a caller with the client role (`INVALID_EVENT`), an event over `session.max_event_bytes` (`EVENT_TOO_LARGE`), a batch
         over `session.max_batch_events` or `session.max_batch_bytes` (`BATCH_TOO_LARGE`); an
         unknown session MUST fail with `NOT_FOUND` / `SESSION_NOT_FOUND`.
         [SESSION-APPEND-002] When every id of the batch is already in the log, the server MUST
@@ -490,8 +500,10 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_service_pb2.GetEventsResponse, _abc.Awaitable[_session_service_pb2.GetEventsResponse]]:
         """Reads a positional slice of a session's log. Read only. A bad token is
-        `INVALID_ARGUMENT` / `INVALID_PAGE_TOKEN`; an unknown session `NOT_FOUND` /
-        `SESSION_NOT_FOUND`.
+        `INVALID_ARGUMENT` / `INVALID_PAGE_TOKEN`; an unknown type name in `types`
+        `INVALID_ARGUMENT` / `INVALID_FIELD`; an unknown session `NOT_FOUND` /
+        `SESSION_NOT_FOUND`. A page may hold fewer than `page_size` events when they are large
+        (the reference server stops a page at 8 MiB); only an empty `next_page_token` ends it.
 
         [SESSION-READ-001] The server MUST return the events with `after_seq < seq < before_seq`
         (`before_seq` 0 meaning no upper bound) whose type is in `types` (empty meaning all), in
@@ -553,7 +565,8 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _session_service_pb2.RenewLeaseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_session_service_pb2.RenewLeaseResponse, _abc.Awaitable[_session_service_pb2.RenewLeaseResponse]]:
-        """Extends the live lease named by its fencing token to now + `ttl`.
+        """Extends the live lease named by its fencing token to now + `ttl`. An unknown session is
+        `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
         [SESSION-LEASE-004] A token that is not the session's live lease (expired, released or
         superseded) MUST fail with `ABORTED` / `LEASE_LOST`; the caller stops driving the session.
@@ -565,7 +578,8 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _session_service_pb2.ReleaseLeaseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_session_service_pb2.ReleaseLeaseResponse, _abc.Awaitable[_session_service_pb2.ReleaseLeaseResponse]]:
-        """Gives the lease up so another harness can take the session at once.
+        """Gives the lease up so another harness can take the session at once. An unknown session
+        is `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
         [SESSION-LEASE-005] Releasing MUST be idempotent: a token that is not the live lease's
         (already released, expired or superseded) MUST succeed and change nothing.
@@ -581,7 +595,8 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_session_service_pb2.PublishPreviewResponse, _abc.Awaitable[_session_service_pb2.PublishPreviewResponse]]:
         """Publishes an ephemeral text delta (the model streaming) to the session's live watchers.
         Never stored; best effort. A `text_delta` over `session.max_preview_bytes` is
-        `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews.
+        `INVALID_ARGUMENT` / `INVALID_FIELD`: split it into several previews. An unknown session
+        is `NOT_FOUND` / `SESSION_NOT_FOUND`.
 
         [SESSION-PREVIEW-001] The server MUST refuse a preview whose fencing token is not the
         live lease's with `ABORTED` / `LEASE_LOST`, and MUST NOT store previews.
