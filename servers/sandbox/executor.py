@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 STREAM_REPLAY_BYTES = 1 << 20
+REPLAY_IN_MEMORY_BYTES = 16 * 1024
 RECORD_SECONDS = 3600
 DEFAULT_TIMEOUT_MS = 120_000
 MAX_TIMEOUT_MS = 600_000
@@ -203,11 +204,42 @@ class Execution:
         self.name = name
         self.events: list[dict[str, Any]] = []
         self.replay_bytes = 0
+        self.replay_full = False
         self.offset = 0
         self.listeners: set[asyncio.Queue[dict[str, Any] | None]] = set()
         self.result: dict[str, Any] | None = None
         self.finished_at = 0.0
         self.done = asyncio.Event()
+        self.replay_file = ""
+
+    def replay(self) -> list[dict[str, Any]]:
+        """The output events kept for re-attaching, from memory or from their spill file."""
+        if not self.replay_file:
+            return list(self.events)
+        try:
+            with open(self.replay_file, "rb") as handle:
+                return [json.loads(line) for line in handle]
+        except (OSError, ValueError):
+            return []
+
+    def spill_replay(self, path: str) -> None:
+        """Moves a finished execution's replay buffer to disk, so that records kept for an
+        hour do not hold the sandbox's memory; small buffers stay in memory."""
+        if self.replay_bytes <= REPLAY_IN_MEMORY_BYTES:
+            return
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as handle:
+                handle.writelines(encode(event) for event in self.events)
+        except OSError:
+            return  # kept in memory then
+        self.replay_file = path
+        self.events = []
+
+    def forget(self) -> None:
+        if self.replay_file:
+            with contextlib.suppress(OSError):
+                os.unlink(self.replay_file)
 
     def emit_output(self, stream: str, data: bytes) -> None:
         event = {
@@ -217,10 +249,13 @@ class Execution:
             "data": base64.b64encode(data).decode("ascii"),
         }
         self.offset += len(data)
-        # Past the replay buffer, output goes to live listeners only; offsets show the gap.
-        if self.replay_bytes + len(data) <= STREAM_REPLAY_BYTES:
+        # The replay buffer keeps a prefix of the output: past it, output goes to live
+        # listeners only (a re-attach sees the prefix, then live chunks at later offsets).
+        if not self.replay_full and self.replay_bytes + len(data) <= STREAM_REPLAY_BYTES:
             self.events.append(event)
             self.replay_bytes += len(data)
+        else:
+            self.replay_full = True
         for queue in self.listeners:
             queue.put_nowait(event)
 
@@ -329,7 +364,7 @@ class Executor:
             task.add_done_callback(self.tasks.discard)
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         # Snapshot and subscribe in one step (no await between), so nothing is lost or doubled.
-        replay = list(execution.events) if want_output else []
+        replay = execution.replay() if want_output else []
         result = execution.result
         if result is None:
             if want_output:
@@ -464,6 +499,9 @@ class Executor:
         result = {**fields, **out.shape(suffix)}
         result["duration_ms"] = int((time.monotonic() - started) * 1000)
         execution.finish(result)
+        execution.spill_replay(
+            os.path.join(self.ws.root, OUTPUT_DIR_NAME, f"{execution.id}.replay")
+        )
 
     async def run_bash(
         self, execution: Execution, out: OutputCollector, command: str, timeout: float
@@ -715,7 +753,7 @@ class Executor:
                 for k, e in self.executions.items()
                 if e.result is not None and e.finished_at < horizon
             ]:
-                del self.executions[key]
+                self.executions.pop(key).forget()
 
 
 def _int_field(tool_input: dict[str, Any], key: str, default: int, *, minimum: int) -> int:

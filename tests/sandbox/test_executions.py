@@ -199,3 +199,35 @@ async def test_file_transfer_errors(sandbox_server: SandboxServer, sandbox_id: s
         grpc.StatusCode.INVALID_ARGUMENT,
         "INVALID_FIELD",
     )
+
+
+async def test_reattach_after_the_end_replays_within_the_buffer(
+    sandbox_server: SandboxServer, sandbox_id: str
+) -> None:
+    replay_limit = sandbox_server.manager.limits.stream_replay_bytes
+    for size in (100_000, replay_limit + replay_limit // 2):
+        execution_id = f"toolu_big_{size}"
+        first = await collect(
+            sandbox_server.stub.ExecuteStream(
+                pb.ExecuteStreamRequest(
+                    sandbox_id=sandbox_id,
+                    name="bash",
+                    input_json=f'{{"command": "head -c {size} /dev/urandom | base64 -w 100"}}',
+                    execution_id=execution_id,
+                )
+            )
+        )
+        live = combined_output(first)
+        assert len(live) == first[-1].exited.full_output_bytes > size
+        again = await collect(
+            sandbox_server.stub.ExecuteStream(
+                pb.ExecuteStreamRequest(sandbox_id=sandbox_id, execution_id=execution_id)
+            )
+        )
+        replayed = combined_output(again)
+        assert again[-1].exited == first[-1].exited
+        if len(live) <= replay_limit:
+            assert replayed == live
+        else:  # at least the stated buffer, from the start
+            assert replay_limit - 64 * 1024 <= len(replayed) <= replay_limit
+            assert live.startswith(replayed)
