@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import start_vault, stop_vault
 from vault_calls import create, hosts, issue, proxy
+from vault_server import start_vault, stop_vault
 from vault_upstreams import MARKER, LoopbackServer, echo_app, git_server_app, make_bare_repository
 
 from oma.vault.v1 import vault_pb2 as pb

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import grpc
-from conftest import start_vault, stop_vault
 from vault_calls import create, expect_error, hosts, issue, proxy
+from vault_server import start_vault, stop_vault
 from vault_upstreams import MARKER
 
 from oma.vault.v1 import vault_pb2 as pb

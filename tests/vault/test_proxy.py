@@ -187,7 +187,7 @@ async def test_deleted_credential_is_not_found(vault, echo_server) -> None:
 
 
 async def test_size_limits_timeouts_and_unreachable(tmp_path, echo_server) -> None:
-    from conftest import start_vault, stop_vault
+    from vault_server import start_vault, stop_vault
 
     v = await start_vault(
         tmp_path, max_request_bytes=1000, max_response_bytes=50_000, max_stream_bytes=200_000

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
-from conftest import start_vault, stop_vault
 from vault_calls import create, expect_error, hosts
+from vault_server import start_vault, stop_vault
 
 from oma.vault.v1 import vault_pb2 as pb
 
