@@ -268,6 +268,18 @@ async def test_audit_rows_paged_and_secret_free(vault, echo_server) -> None:
     assert row.time.seconds > 0
     assert any(r.outcome == "SESSION_TOKEN_INVALID" for r in records)
     assert {"create", "issue_token"} <= {r.action for r in records}
+    filtered = await vault.stub().ListAudit(pb.ListAuditRequest(page_size=1, session_id="ses_1"))
+    assert filtered.records[0].session_id == "ses_1" and filtered.next_page_token
+    await expect_error(
+        vault.stub().ListAudit(pb.ListAuditRequest(page_token=filtered.next_page_token)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_PAGE_TOKEN",
+    )
+    await expect_error(
+        vault.stub().ListAudit(pb.ListAuditRequest(page_token="AAAA")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_PAGE_TOKEN",
+    )
 
 
 def test_gzip_helper_roundtrip() -> None:
