@@ -423,3 +423,14 @@ async def test_pages_stop_at_a_byte_budget(client: SessionServiceStub) -> None:
         if not token:
             break
     assert seqs == list(range(1, 14)) and pages >= 2
+
+
+async def test_concurrent_creates_with_one_request_id(client: SessionServiceStub) -> None:
+    """Requirements tested: SESSION-CREATE-001 (under concurrency)."""
+    import asyncio
+
+    request = definition()
+    request.request_id = "same-" + uuid.uuid4().hex
+    sessions = await asyncio.gather(*(client.CreateSession(request) for _ in range(10)))
+    assert len({s.session.id for s in sessions}) == 1
+    assert len((await client.ListSessions(pb.ListSessionsRequest())).sessions) == 1
