@@ -168,6 +168,7 @@ class Worker:
             log.exception("session %s: wake failed", session_id)
             return
         if result.outcome is Outcome.NOTHING_TO_DO:
+            log.info("session %s: nothing to answer at seq %d", session_id, last_seq)
             self._nothing_at[session_id] = last_seq
             self._nothing_at.move_to_end(session_id)
             while len(self._nothing_at) > _MEMO_SIZE:

@@ -12,6 +12,7 @@ import grpc
 
 from oma.runtime.client import connect
 from oma.servers.harness.app import Harness, HarnessConfig
+from oma.servers.harness.ports import Unreachable
 from oma.servers.harness.worker import Pending, Worker, WorkerConfig
 from oma.session.v1 import session_service_pb2, session_service_pb2_grpc
 
@@ -29,6 +30,8 @@ class GrpcPendingFeed:
         try:
             async for item in call:
                 yield Pending(item.session_id, item.last_seq)
+        except grpc.aio.AioRpcError as error:
+            raise Unreachable(f"{error.code().name}: {error.details()}") from error
         finally:
             call.cancel()
 

@@ -4,12 +4,13 @@ each test starts its `oma serve harness --worker` processes itself."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from workers_helpers import Client, Stack, spawn, stop, write_script
+from workers_helpers import Client, Stack, spawn, spawn_session, stop, write_script
 
 from oma.runtime.auth import TokenTable
 
@@ -60,15 +61,11 @@ def stack(tmp_path: Path, pg_database: str, bwrap_path: str) -> Iterator[Stack]:
     tokens_file = tmp_path / "tokens.json"
     TokenTable.generate().save(tokens_file)
     common = ["--listen", "127.0.0.1:0", "--grace-seconds", "1", "--tokens", str(tokens_file)]
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
     s: Stack | None = None
     try:
         db = pg_database.replace("postgresql://", "postgresql+asyncpg://", 1)
-        session, session_address = spawn(
-            ["serve", "session", *common, "--db", db],
-            tmp_path / "session.log",
-            r"oma session serving on (\S+)",
-        )
+        session, session_address = spawn_session(tmp_path / "session.log", tokens_file, db)
         procs.append(session)
         sandbox, sandbox_address = spawn(
             ["serve", "sandbox", *common, "--backend", "local"],
@@ -97,6 +94,8 @@ def stack(tmp_path: Path, pg_database: str, bwrap_path: str) -> Iterator[Stack]:
             session_address,
             sandbox_address,
             model_url,
+            db,
+            procs,
         )
         yield s
         # The scripted model server is as strict as the real API: it accepted every request.

@@ -91,9 +91,7 @@ async def test_three_workers_finish_thirty_sessions_when_one_is_killed(
         assert worker.proc.wait(30) == 0, worker.text()[-2000:]
 
 
-async def test_sigterm_hands_a_session_back_to_another_worker(
-    stack: Stack, client: Client
-) -> None:
+async def test_sigterm_hands_a_session_back_to_another_worker(stack: Stack, client: Client) -> None:
     workers = [stack.start_worker(name, max_sessions=1, lease_ttl_seconds=30) for name in "xy"]
     session_id = await client.create("slow")
 
@@ -123,3 +121,49 @@ async def test_sigterm_hands_a_session_back_to_another_worker(
     assert tool_outputs(events)[-1].split() == ["run"], tool_outputs(events)
     other.proc.send_signal(signal.SIGTERM)
     assert other.proc.wait(30) == 0
+
+
+async def test_the_worker_reopens_its_stream_when_the_session_service_restarts(
+    stack: Stack, client: Client
+) -> None:
+    worker = stack.start_worker("steady")
+    before = await client.create("chat")
+    await client.wait_done([before], PATIENCE)
+
+    stack.restart_session()
+    await wait_for(lambda: worker.streams() >= 2, "the worker to reopen its stream")
+    after = await client.create("chat")
+    await client.wait_done([after], PATIENCE)
+
+    text = worker.text()
+    assert "the pending-session stream failed" in text or "stream ended" in text
+    assert text.rindex("watching pending sessions") < text.index(f"session {after} pushed")
+    assert worker.started() == [before, after]
+    check_complete(await client.events(after), "Hello from a worker.")
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(30) == 0
+
+
+async def test_a_session_with_nothing_to_answer_is_not_woken_again_and_again(
+    stack: Stack, client: Client
+) -> None:
+    """The session service calls a session pending when any `user.*` event follows its last
+    idle; a `user.interrupt` on an idle session leaves the harness nothing to answer. The
+    worker tries it once, and does not take it again on the push its own release causes."""
+    worker = stack.start_worker("memo")
+    quiet = await client.create("chat")
+    await client.wait_done([quiet], PATIENCE)
+    await client.append_interrupt(quiet)
+    await wait_for(
+        lambda: f"session {quiet}: nothing to answer" in worker.text(), "the worker to look"
+    )
+    # Releasing the lease it took made the session pending again: it is pushed once more.
+    await wait_for(
+        lambda: worker.pushed().count(quiet) >= 3, "the push caused by the worker's release"
+    )
+    later = await client.create("chat")
+    await client.wait_done([later], PATIENCE)
+    assert worker.text().count(f"session {quiet}: nothing to answer") == 1
+    assert worker.started() == [quiet, later]
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(30) == 0

@@ -67,6 +67,14 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
     return proc.wait()
 
 
+def spawn_session(
+    log: Path, tokens_file: Path, db: str, listen: str = "127.0.0.1:0"
+) -> tuple[subprocess.Popen[bytes], str]:
+    args = ["serve", "session", "--listen", listen, "--grace-seconds", "1"]
+    args += ["--tokens", str(tokens_file), "--db", db]
+    return spawn(args, log, r"oma session serving on (\S+)")
+
+
 @dataclass
 class WorkerProc:
     name: str
@@ -97,7 +105,19 @@ class Stack:
     session: str
     sandbox: str
     model_url: str
+    db: str
+    # Child processes to stop at the end, the session server's first.
+    procs: list[subprocess.Popen[bytes]]
     workers: list[WorkerProc] = field(default_factory=list)
+
+    def restart_session(self) -> None:
+        """Stop the session server (SIGTERM: its streams end with UNAVAILABLE) and start it
+        again on the same address and database."""
+        assert stop(self.procs[0]) == 0
+        restarts = sum(1 for _ in self.tmp.glob("session*.log"))
+        self.procs[0], _ = spawn_session(
+            self.tmp / f"session-{restarts}.log", self.tokens_file, self.db, self.session
+        )
 
     def start_worker(
         self, name: str, *, lease_ttl_seconds: float = 2.0, max_sessions: int = 4
@@ -170,6 +190,19 @@ class Client:
             )
         )
         return session_id
+
+    async def append_interrupt(self, session_id: str) -> None:
+        await self.stub.AppendEvents(
+            session_service_pb2.AppendEventsRequest(
+                session_id=session_id,
+                events=[
+                    events_pb2.Event(
+                        id=f"interrupt-{uuid.uuid4().hex[:8]}",
+                        user_interrupt=events_pb2.UserInterrupt(reason="test"),
+                    )
+                ],
+            )
+        )
 
     async def status(self, session_id: str) -> Any:
         response = await self.stub.GetSession(
