@@ -1,3 +1,3 @@
 """Importing this package registers every conformance check."""
 
-from oma.conformance.checks import common, sandbox, session, vault  # noqa: F401
+from oma.conformance.checks import common, harness, sandbox, session, vault  # noqa: F401

@@ -164,20 +164,13 @@ def start_stack(
         data_dir=data_dir,
     )
     try:
+        # Each server is started once the one it depends on serves: the vault checks
+        # harness-issued session tokens against the session service, and the sandbox clones
+        # credentialed repositories through the vault.
         specs: list[tuple[str, list[str]]] = [
             (
                 "session",
-                [
-                    "--listen",
-                    listen("session"),
-                    "--db",
-                    f"sqlite:///{data_dir / 'sessions.db'}",
-                ],
-            ),
-            (
-                "sandbox",
-                ["--listen", listen("sandbox"), "--backend", chosen]
-                + (["--image", image] if chosen == "docker" and sandbox_image else []),
+                ["--listen", listen("session"), "--db", f"sqlite:///{data_dir / 'sessions.db'}"],
             ),
             (
                 "vault",
@@ -186,12 +179,19 @@ def start_stack(
                     listen("vault"),
                     "--db",
                     f"sqlite:///{data_dir / 'vault.db'}",
+                    "--session",
+                    "{session}",
                 ],
+            ),
+            (
+                "sandbox",
+                ["--listen", listen("sandbox"), "--backend", chosen, "--vault", "{vault}"]
+                + (["--image", image] if chosen == "docker" and sandbox_image else []),
             ),
         ]
         for name, args in specs:
-            stack.processes[name] = _spawn(name, args + common, logs, env)
-        for name, _ in specs:
+            resolved = [a.format(session=stack.info.session, vault=stack.info.vault) for a in args]
+            stack.processes[name] = _spawn(name, resolved + common, logs, env)
             address = _wait_for_address(
                 name, stack.processes[name], logs / f"{name}.log", startup_timeout
             )

@@ -130,6 +130,9 @@ class HarnessServiceStub:
     reply), the server MUST return `WAKE_OUTCOME_NOTHING_TO_DO`, release the lease it took,
     and append nothing.
 
+    [HARNESS-WAKE-004] A wake of a session the session service does not know MUST fail with
+    `NOT_FOUND` / `SESSION_NOT_FOUND` and change nothing.
+
     Errors: `INVALID_ARGUMENT` / `INVALID_FIELD` for an empty or malformed `session_id`;
     `NOT_FOUND` / `SESSION_NOT_FOUND` for an unknown session; `FAILED_PRECONDITION` /
     `SESSION_TERMINATED` for a terminated session; `UNAVAILABLE` / `HARNESS_UNAVAILABLE` when
@@ -174,6 +177,9 @@ class HarnessServiceAsyncStub(HarnessServiceStub):
     event is `session.status_idle`, or there is no `user.*` event after the last model
     reply), the server MUST return `WAKE_OUTCOME_NOTHING_TO_DO`, release the lease it took,
     and append nothing.
+
+    [HARNESS-WAKE-004] A wake of a session the session service does not know MUST fail with
+    `NOT_FOUND` / `SESSION_NOT_FOUND` and change nothing.
 
     Errors: `INVALID_ARGUMENT` / `INVALID_FIELD` for an empty or malformed `session_id`;
     `NOT_FOUND` / `SESSION_NOT_FOUND` for an unknown session; `FAILED_PRECONDITION` /
@@ -228,6 +234,9 @@ class HarnessServiceServicer(metaclass=_abc_1.ABCMeta):
         event is `session.status_idle`, or there is no `user.*` event after the last model
         reply), the server MUST return `WAKE_OUTCOME_NOTHING_TO_DO`, release the lease it took,
         and append nothing.
+
+        [HARNESS-WAKE-004] A wake of a session the session service does not know MUST fail with
+        `NOT_FOUND` / `SESSION_NOT_FOUND` and change nothing.
 
         Errors: `INVALID_ARGUMENT` / `INVALID_FIELD` for an empty or malformed `session_id`;
         `NOT_FOUND` / `SESSION_NOT_FOUND` for an unknown session; `FAILED_PRECONDITION` /
