@@ -45,10 +45,15 @@ class DockerBackend:
         self, root: Path, *, default_image: str = DEFAULT_IMAGE, client: Any = None
     ) -> None:
         import docker
+        import docker.errors
 
+        try:
+            self.client = client or docker.from_env(timeout=60)
+            self.client.ping()
+        except docker.errors.DockerException as error:
+            raise RuntimeError(f"cannot reach the Docker engine: {error}") from error
         self.dirs = SandboxDirectories(root)
         self.default_image = default_image
-        self.client = client or docker.from_env(timeout=60)
         self._root_label = str(root.resolve())
 
     def socket_path(self, sandbox_id: str) -> Path:

@@ -63,6 +63,18 @@ class LocalBackend:
         if found is None:
             raise RuntimeError("bubblewrap (`bwrap`) is not installed: apt-get install bubblewrap")
         self.bwrap = found
+        try:
+            Cgroup.create(
+                f"probe-{os.getpid()}-{secrets.token_hex(3)}",
+                memory_bytes=1 << 30,
+                pids=64,
+                cpu_millis=1000,
+            ).remove()
+        except CgroupUnavailable as error:
+            raise RuntimeError(
+                f"the local backend limits each sandbox with a cgroup, and cannot: {error} "
+                "(run the sandbox server as root on a host with cgroup v1 or v2)"
+            ) from error
         # Jails die with their server, so nothing is shared between server processes: each one
         # works in an instance directory of its own under `root` (several servers may share a
         # root), and reaps the instances whose server died (their lock is free).
