@@ -582,6 +582,8 @@ class Executor:
         if fields["exit_code"] == 1 and out.total == 0:
             # grep's "no match" is an answer, not a failure.
             fields.update(is_error=False, exit_code=0, suffix="No matches found.")
+        elif fields["exit_code"] not in (0, 1):
+            fields["exit_code"] = 1  # the contract's failure code for tools other than bash
         return fields
 
     async def run_process(

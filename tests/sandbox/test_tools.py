@@ -83,6 +83,8 @@ async def test_glob_and_grep(sandbox_server: SandboxServer, sandbox_id: str) -> 
         sandbox_id, "grep", {"pattern": "hello", "files_with_matches": True, "path": "pkg"}
     )
     assert files.output.splitlines() == ["pkg/a.py"]
+    broken = await sandbox_server.execute(sandbox_id, "grep", {"pattern": "("})
+    assert broken.is_error and broken.exit_code == 1 and broken.output
     nothing = await sandbox_server.execute(sandbox_id, "grep", {"pattern": "absent-text"})
     assert not nothing.is_error and nothing.output == "No matches found."
 
