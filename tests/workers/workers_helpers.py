@@ -91,6 +91,18 @@ class WorkerProc:
     def pushed(self) -> list[str]:
         return re.findall(r"session (\S+) pushed \(last seq", self.text())
 
+    def most_at_once(self) -> int:
+        """The most sessions this worker drove at one time, read from its log (a turn starts
+        with "turn started from a push" and ends with the driver's "idle:" line)."""
+        now = most = 0
+        for line in self.text().splitlines():
+            if "turn started from a push" in line:
+                now += 1
+                most = max(most, now)
+            elif re.search(r"session \S+ idle: ", line):
+                now -= 1
+        return most
+
     def streams(self) -> int:
         return len(re.findall(r"watching pending sessions \(stream \d+\)", self.text()))
 
