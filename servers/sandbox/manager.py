@@ -95,6 +95,8 @@ class SandboxManager:
         self.last_used: dict[str, float] = {}
         self.clients: dict[str, ExecutorClient] = {}
         self._destroying: dict[str, asyncio.Future[None]] = {}
+        # Calls in progress per sandbox: a sandbox running a long tool call is not idle.
+        self.busy: dict[str, int] = {}
         self._reaper: asyncio.Task[None] | None = None
 
     @property
@@ -137,13 +139,15 @@ class SandboxManager:
         now = self.clock()
         for sandbox in list(self.records.values()):
             if sandbox.state is SandboxState.READY:
+                idle = self.busy.get(sandbox.id, 0) == 0 and (
+                    now - self.last_used.get(sandbox.id, now)
+                    >= sandbox.resources.idle_timeout_seconds
+                )
                 if now >= sandbox.expire_time:
                     await self._terminate(
                         sandbox.id, f"lifetime of {sandbox.resources.lifetime_seconds:.0f} s ended"
                     )
-                elif now - self.last_used.get(sandbox.id, now) >= (
-                    sandbox.resources.idle_timeout_seconds
-                ):
+                elif idle:
                     await self._terminate(
                         sandbox.id,
                         f"idle for {sandbox.resources.idle_timeout_seconds:.0f} s "
@@ -442,6 +446,7 @@ class SandboxManager:
             with contextlib.suppress(ValueError):
                 tool_input = json.loads(input_json)
         client = await self._live_client(sandbox_id)
+        self.busy[sandbox_id] = self.busy.get(sandbox_id, 0) + 1
         try:
             # The executor decides: a known id re-attaches whatever the name and input; only a
             # new execution validates them (UNKNOWN_TOOL, INVALID_TOOL_INPUT, paths).
@@ -464,6 +469,9 @@ class SandboxManager:
             raise
         finally:
             self.last_used[sandbox_id] = self.clock()
+            self.busy[sandbox_id] -= 1
+            if not self.busy[sandbox_id]:
+                del self.busy[sandbox_id]
 
     async def execute(
         self,
