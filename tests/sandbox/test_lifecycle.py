@@ -313,6 +313,12 @@ async def test_lifetime_and_idle_timeouts_destroy(
             resources=pb.Resources(idle_timeout=duration_pb2.Duration(seconds=1))
         )
         kept = await server.provision()
+        busy = await server.provision(
+            resources=pb.Resources(idle_timeout=duration_pb2.Duration(seconds=1))
+        )
+        # A tool call longer than the idle timeout keeps its sandbox alive.
+        long_call = await server.bash(busy.id, "sleep 2.5; echo finished")
+        assert long_call.output == "finished\n" and not long_call.is_error
         reasons: dict[str, str] = {}
         deadline = time.monotonic() + 30
         while len(reasons) < 2 and time.monotonic() < deadline:
