@@ -299,7 +299,7 @@ class GrpcSession:
             if not token:
                 return out
 
-    async def append(self, lease: Lease, events: Sequence[NewEvent]) -> None:
+    async def append(self, lease: Lease, events: Sequence[NewEvent]) -> list[int]:
         request = session_service_pb2.AppendEventsRequest(
             session_id=lease.session_id,
             events=[to_proto_event(e) for e in events],
@@ -307,9 +307,10 @@ class GrpcSession:
         )
         try:
             # Same ids on every attempt: a repeat of a batch that was stored is a no-op.
-            await _retrying(lambda: self._stub.AppendEvents(request))
+            response = await _retrying(lambda: self._stub.AppendEvents(request))
         except grpc.aio.AioRpcError as error:
             raise self._session_error(error, lease.session_id) from error
+        return list(response.seqs)
 
     async def publish_preview(self, lease: Lease, after_seq: int, text: str) -> None:
         await self._stub.PublishPreview(

@@ -49,6 +49,22 @@ class LoopConfig:
     default_max_model_calls_per_turn: int = 200
 
 
+def _stored(event: NewEvent, seq: int) -> LogEvent:
+    """How `event` reads back from the log once stored at `seq`."""
+    return LogEvent(
+        seq=seq,
+        id=event.id,
+        type=event.type,
+        text=event.text,
+        tool_use_id=event.tool_use_id,
+        tool_name=event.tool_name,
+        tool_input=event.tool_input,
+        is_error=event.is_error,
+        stop_reason=event.stop_reason,
+        usage=event.usage,
+    )
+
+
 class Turn:
     """Drives one session under one lease until it is idle."""
 
@@ -86,8 +102,13 @@ class Turn:
         return self._log[-1].seq if self._log else 0
 
     async def _append(self, *batch: NewEvent) -> None:
-        await self._session.append(self._lease, batch)
-        self._log.extend(await self._session.read_events(self.session_id, self.last_seq))
+        seqs = await self._session.append(self._lease, batch)
+        if seqs == list(range(self.last_seq + 1, self.last_seq + 1 + len(batch))):
+            # Nothing else was appended since our last read: the log is ours plus this batch.
+            self._log.extend(_stored(event, seq) for event, seq in zip(batch, seqs, strict=True))
+        else:
+            # A client appended meanwhile (or this was a replayed batch): read what we missed.
+            self._log.extend(await self._session.read_events(self.session_id, self.last_seq))
 
     async def run(self) -> str:
         """Run to idle; returns the stop reason written. Raises `LeaseLost` if fenced out."""

@@ -76,8 +76,9 @@ class SessionPort(Protocol):
         """Every stored event after `after_seq`, in seq order (all pages)."""
         ...
 
-    async def append(self, lease: Lease, events: Sequence[NewEvent]) -> None:
-        """Append atomically under the lease; raise `LeaseLost` when fenced out."""
+    async def append(self, lease: Lease, events: Sequence[NewEvent]) -> list[int]:
+        """Append atomically under the lease and return the events' seqs (the original ones
+        when the batch was already stored); raise `LeaseLost` when fenced out."""
         ...
 
     async def publish_preview(self, lease: Lease, after_seq: int, text: str) -> None: ...

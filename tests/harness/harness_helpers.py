@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from oma.cli._stack import _wait_for_address
 from oma.harness.v1 import harness_pb2, harness_pb2_grpc
 from oma.runtime.auth import TokenTable
@@ -93,6 +95,7 @@ class SessionClient:
         from oma.session.v1 import session_service_pb2_grpc
 
         self.peers = peers
+        self.created: list[str] = []
         self._channels = [
             connect(peers.session, token=peers.tokens.token_for("client")),
             connect(peers.sandbox, token=peers.tokens.token_for("admin")),
@@ -101,6 +104,18 @@ class SessionClient:
         self.sandboxes = sandbox_pb2_grpc.SandboxServiceStub(self._channels[1])
 
     async def close(self) -> None:
+        """Destroy the sandboxes of the sessions this client created, then disconnect (the
+        sandboxes would otherwise outlive the test, as they outlive a session's idle)."""
+        from oma.sandbox.v1 import sandbox_pb2
+
+        for session_id in self.created:
+            try:
+                for sandbox in await self.sandboxes_of(session_id):
+                    await self.sandboxes.DestroySandbox(
+                        sandbox_pb2.DestroySandboxRequest(sandbox_id=sandbox.id)
+                    )
+            except grpc.aio.AioRpcError:
+                pass  # the sandbox server is already gone: nothing left to clean here
         for channel in self._channels:
             await channel.close(None)
 
@@ -137,6 +152,7 @@ class SessionClient:
             )
         )
         session_id: str = created.session.id
+        self.created.append(session_id)
         await self.sessions.AppendEvents(
             session_service_pb2.AppendEventsRequest(
                 session_id=session_id,

@@ -25,6 +25,7 @@ async def run_prompt(
     tools: tuple[str, ...] = SANDBOX_TOOLS,
     renderer: Renderer,
     timeout_seconds: float = 600.0,
+    destroy_sandboxes: bool = False,
 ) -> str:
     """Returns the session id once the turn is idle; `renderer.stop_reason` says how it ended."""
     import grpc
@@ -104,4 +105,30 @@ async def run_prompt(
             ) from error
         finally:
             watcher.cancel()
+            if destroy_sandboxes:
+                await _destroy_sandboxes(info, session_id)
         return session_id
+
+
+async def _destroy_sandboxes(info: StackInfo, session_id: str) -> None:
+    """Tear down a one-shot session's sandboxes (they would outlive a stopped stack)."""
+    import grpc
+
+    from oma.runtime.auth import TokenTable
+    from oma.runtime.client import connect
+    from oma.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+
+    token = TokenTable.load(info.tokens_file).token_for("admin")
+    async with connect(info.sandbox, token=token) as channel:
+        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        try:
+            listed = await stub.ListSandboxes(
+                sandbox_pb2.ListSandboxesRequest(label_selector={"oma.dev/session-id": session_id}),
+                timeout=30,
+            )
+            for sandbox in listed.sandboxes:
+                await stub.DestroySandbox(
+                    sandbox_pb2.DestroySandboxRequest(sandbox_id=sandbox.id), timeout=60
+                )
+        except grpc.aio.AioRpcError:
+            pass  # best effort: the sandbox server reaps idle sandboxes on its own

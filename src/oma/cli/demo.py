@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
                     model="claude-sonnet-4-6",
                     system="You are a careful software agent. [script:demo]",
                     renderer=renderer,
-                    timeout_seconds=300,
+                    timeout_seconds=180,
+                    destroy_sandboxes=True,
                 )
             finally:
                 await asyncio.to_thread(stack.stop)

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
                 tools=tools,
                 renderer=renderer,
                 timeout_seconds=args.timeout,
+                destroy_sandboxes=stack is not None,
             )
         )
     except TurnFailed as error:
