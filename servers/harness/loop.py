@@ -47,6 +47,8 @@ class LoopConfig:
     # Applied when the session's definition sets no per-turn call budget, so that a model
     # that never stops calling tools cannot run a turn forever.
     default_max_model_calls_per_turn: int = 200
+    # Ask the model API to cache the prompt prefix (top-level `cache_control`).
+    prompt_caching: bool = True
 
 
 def _stored(event: NewEvent, seq: int) -> LogEvent:
@@ -198,6 +200,7 @@ class Turn:
                     tools=tools.to_api(self._tools),
                     max_tokens=d.max_tokens,
                     user_id=self.session_id,
+                    cache=self._config.prompt_caching,
                     on_text=lambda text: self._preview(preview_after, text),
                 )
             except ModelFailure as error:

@@ -103,6 +103,7 @@ async def stream_reply(
     tools: Sequence[dict[str, Any]],
     max_tokens: int,
     user_id: str = "",
+    cache: bool = True,
     on_text: Callable[[str], Awaitable[None]],
 ) -> ModelReply:
     """Stream one reply, handing each text delta to `on_text`; raise `ModelFailure` on error."""
@@ -111,6 +112,11 @@ async def stream_reply(
         kwargs["system"] = system
     if tools:
         kwargs["tools"] = list(tools)
+    if cache:
+        # Automatic prompt caching: the prompt up to its end becomes a cache breakpoint. The
+        # request is rebuilt from an append-only log, so each request's prompt extends the
+        # previous one and the next call reads all of it from the cache.
+        kwargs["cache_control"] = {"type": "ephemeral"}
     if user_id:
         # An opaque per-conversation id (the session id): the API's abuse tracking key, and
         # what the scripted model server derives its deterministic tool-use ids from.

@@ -149,6 +149,11 @@ async def test_a_tool_session_provisions_exactly_one_sandbox_after_the_first_mod
     ids = [e.tool_use_id for e in events if e.type == "agent.tool_use"]
     assert ids == [e.tool_use_id for e in events if e.type == "agent.tool_result"]
     assert types(events).count("span.model_request_start") == 3
+    # The prompt is rebuilt from the append-only log, so later calls read its prefix from the
+    # prompt cache.
+    usages = [end.usage for end in payload(events, "span.model_request_end")]
+    assert usages[0].cache_read_input_tokens == 0 and usages[0].cache_creation_input_tokens > 0
+    assert all(u.cache_read_input_tokens > 0 for u in usages[1:])
     sandboxes = await local_client.sandboxes_of(session_id, include_terminated=True)
     assert len(sandboxes) == 1
     assert dict(sandboxes[0].labels)["oma.dev/session-id"] == session_id
