@@ -153,17 +153,22 @@ class _Bench:
     # -- append ----------------------------------------------------------------------------------
 
     async def append_ratios(self) -> float:
-        """Rounds alternate gRPC and direct runs (so machine noise hits both alike); each side's
-        median rate over the rounds is compared."""
+        """Rounds interleave gRPC and direct runs (so machine noise hits both alike); each
+        side's median rate over the rounds is compared."""
         ratio_100 = 0.0
         plan = ((1, 150 if self.quick else 600), (100, 12 if self.quick else 50))
         for size, per_worker in plan:
             grpc_rates, direct_rates = [], []
-            for round_ in range(3):
+            for round_ in range(3 if self.quick else 5):
                 grpc_sids = [await self.new_session() for _ in range(WORKERS)]
                 direct_sids = [await self.new_session() for _ in range(WORKERS)]
+                # Alternate which side goes first, so a burst of load elsewhere on the machine
+                # does not always land on the same side.
+                if round_ % 2:
+                    direct_rates.append(await self._direct_appends(direct_sids, size, per_worker))
                 grpc_rates.append(await self._grpc_appends(grpc_sids, size, per_worker, round_))
-                direct_rates.append(await self._direct_appends(direct_sids, size, per_worker))
+                if not round_ % 2:
+                    direct_rates.append(await self._direct_appends(direct_sids, size, per_worker))
             grpc_rate, direct_rate = _median(grpc_rates), _median(direct_rates)
             ratio = grpc_rate / direct_rate
             print(
