@@ -42,7 +42,13 @@ class Usage:
 
     @property
     def total(self) -> int:
-        return self.input_tokens + self.output_tokens
+        """Every token the call consumed: input (cached or not) plus output."""
+        return (
+            self.input_tokens
+            + self.cache_read_input_tokens
+            + self.cache_creation_input_tokens
+            + self.output_tokens
+        )
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,9 @@ async def test_streams_text_and_reports_usage() -> None:
         )
     assert reply.text == "Hello there, streaming in several pieces of text."
     assert "".join(deltas) == reply.text
-    assert reply.usage.input_tokens > 0 and reply.usage.output_tokens > 0
+    assert reply.usage.output_tokens > 0
+    # The whole prompt was written to the (simulated) prompt cache.
+    assert reply.usage.cache_creation_input_tokens > 0
     assert reply.tool_calls == () and reply.stop_reason == "end_turn"
 
 

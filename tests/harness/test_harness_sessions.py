@@ -113,7 +113,7 @@ async def test_a_session_without_tools_never_gets_a_sandbox(
     assert message == "Hello! No tools needed for this one, thank you."
     assert "".join(p.text_delta for p in previews) == message
     end = payload(events, "span.model_request_end")[0]
-    assert end.usage.input_tokens > 0 and end.usage.output_tokens > 0
+    assert end.usage.cache_creation_input_tokens > 0 and end.usage.output_tokens > 0
     assert payload(events, "session.status_idle")[0].stop_reason == 1  # END_TURN
     assert await local_client.sandboxes_of(session_id, include_terminated=True) == []
     # Waking an idle session again does nothing.
