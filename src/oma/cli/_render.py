@@ -143,9 +143,10 @@ class Renderer:
         elif kind == "span_model_request_end":
             usage = e.span_model_request_end.usage
             cached = usage.cache_read_input_tokens
-            note = f", {cached} cached" if cached else ""
+            total_in = usage.input_tokens + cached + usage.cache_creation_input_tokens
+            note = f" ({cached} from cache)" if cached else ""
             self._line(
-                s.dim(f"· model call: {usage.input_tokens} in{note}, {usage.output_tokens} out")
+                s.dim(f"· model call: {total_in} tokens in{note}, {usage.output_tokens} out")
             )
         elif kind == "session_status_idle":
             reason = events_pb2.StopReason.Name(e.session_status_idle.stop_reason)
