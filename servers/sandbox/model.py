@@ -8,11 +8,14 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 GiB = 1 << 30
 MiB = 1 << 20
+# No sandbox may ask for more CPU than the host has (the Docker engine refuses it anyway).
+HOST_CPU_MILLIS = (os.cpu_count() or 1) * 1000
 
 SESSION_LABEL = "oma.dev/session-id"
 RESERVED_LABEL_PREFIX = "oma.dev/"
@@ -69,7 +72,7 @@ class Limits:
         idle_timeout_seconds=2 * 3600,
     )
     maximum: Resources = Resources(
-        cpu_millis=16_000,
+        cpu_millis=HOST_CPU_MILLIS,
         memory_bytes=64 * GiB,
         disk_bytes=1024 * GiB,
         pids=32_768,

@@ -185,6 +185,13 @@ async def test_bad_provision_requests(sandbox_server: SandboxServer) -> None:
     )
     await expect_error(
         sandbox_server.provision(
+            resources=pb.Resources(cpu_millis=(os.cpu_count() or 1) * 1000 + 1)
+        ),
+        invalid,
+        "RESOURCES_EXCEED_LIMIT",
+    )
+    await expect_error(
+        sandbox_server.provision(
             init=pb.InitSteps(files=[pb.InitFile(path="../outside", content=b"x")])
         ),
         invalid,

@@ -122,6 +122,14 @@ class DockerBackend:
                 "(the server never pulls; build it with `oma sandbox build-image`)",
                 {"image": sandbox.image},
             ) from error
+        except docker.errors.APIError as error:
+            if error.status_code != 400:
+                raise
+            # The engine refuses limits it cannot meet (e.g. more CPUs than the host has).
+            raise SandboxError(
+                "RESOURCES_EXCEED_LIMIT",
+                f"the Docker engine refused the sandbox's resources: {error.explanation}",
+            ) from error
         container.start()
 
     async def create(self, sandbox: Sandbox, max_output_bytes: int) -> Path:
