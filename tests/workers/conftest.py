@@ -4,13 +4,12 @@ each test starts its `oma serve harness --worker` processes itself."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from workers_helpers import Client, Stack, spawn, spawn_session, stop, write_script
+from workers_helpers import Client, Stack, launch, launch_session, stop_all, write_script
 
 from oma.runtime.auth import TokenTable
 
@@ -60,20 +59,17 @@ SCRIPTS = {
 def stack(tmp_path: Path, pg_database: str, bwrap_path: str) -> Iterator[Stack]:
     tokens_file = tmp_path / "tokens.json"
     TokenTable.generate().save(tokens_file)
+    db = pg_database.replace("postgresql://", "postgresql+asyncpg://", 1)
     common = ["--listen", "127.0.0.1:0", "--grace-seconds", "1", "--tokens", str(tokens_file)]
-    procs: list[subprocess.Popen[bytes]] = []
-    s: Stack | None = None
-    try:
-        db = pg_database.replace("postgresql://", "postgresql+asyncpg://", 1)
-        session, session_address = spawn_session(tmp_path / "session.log", tokens_file, db)
-        procs.append(session)
-        sandbox, sandbox_address = spawn(
+    # Started together, awaited one by one: the three start in parallel.
+    launched = [
+        launch_session(tmp_path / "session.log", tokens_file, db),
+        launch(
             ["serve", "sandbox", *common, "--backend", "local"],
             tmp_path / "sandbox.log",
             r"oma sandbox serving on (\S+)",
-        )
-        procs.append(sandbox)
-        model, model_url = spawn(
+        ),
+        launch(
             [
                 "model-server",
                 "--script",
@@ -85,8 +81,12 @@ def stack(tmp_path: Path, pg_database: str, bwrap_path: str) -> Iterator[Stack]:
             ],
             tmp_path / "model.log",
             r"model server listening on (\S+)",
-        )
-        procs.append(model)
+        ),
+    ]
+    procs = [item.proc for item in launched]
+    s: Stack | None = None
+    try:
+        session_address, sandbox_address, model_url = (item.address() for item in launched)
         s = Stack(
             tmp_path,
             TokenTable.load(tokens_file),
@@ -102,12 +102,9 @@ def stack(tmp_path: Path, pg_database: str, bwrap_path: str) -> Iterator[Stack]:
         rejections = httpx.get(f"{model_url}/_oma/rejections").json()
         assert rejections == [], rejections
     finally:
-        for worker in s.workers if s is not None else []:
-            if worker.proc.poll() is None:
-                worker.proc.kill()
-                worker.proc.wait()
-        for proc in reversed(procs):
-            stop(proc)
+        workers = [w.proc for w in s.workers] if s is not None else []
+        stop_all(workers)  # first, so no worker sees its session service go away
+        stop_all(procs)
 
 
 @pytest.fixture

@@ -30,11 +30,37 @@ from oma.session.v1 import (
 STARTUP_SECONDS = 60.0  # hang protection only
 
 
-def spawn(
+@dataclass
+class Launched:
+    """A child `python -m oma.cli.main ...` whose readiness line is still awaited."""
+
+    args: Sequence[str]
+    proc: subprocess.Popen[bytes]
+    log: Path
+    ready: str
+
+    def address(self) -> str:
+        """Wait for the line matching `ready` (group 1: the address it serves on)."""
+        pattern = re.compile(self.ready)
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            match = pattern.search(self.log.read_text(errors="replace"))
+            if match:
+                return match.group(1)
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.proc.kill()
+        self.proc.wait()
+        raise RuntimeError(
+            f"`oma {' '.join(self.args[:2])}` did not start:\n{self.log.read_text()[-3000:]}"
+        )
+
+
+def launch(
     args: Sequence[str], log: Path, ready: str, env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `python -m oma.cli.main ARGS`, wait for the line matching `ready` (a regex whose
-    group 1 is the address), return the process and that address."""
+) -> Launched:
+    """Start `python -m oma.cli.main ARGS` without waiting for it (several start at once)."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "oma.cli.main", *args],
@@ -43,36 +69,40 @@ def spawn(
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
         )
-    pattern = re.compile(ready)
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        match = pattern.search(log.read_text(errors="replace"))
-        if match:
-            return proc, match.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
-    raise RuntimeError(f"`oma {' '.join(args[:2])}` did not start:\n{log.read_text()[-3000:]}")
+    return Launched(args, proc, log, ready)
+
+
+def spawn(
+    args: Sequence[str], log: Path, ready: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a child and wait until it serves; returns it and its address."""
+    launched = launch(args, log, ready, env)
+    return launched.proc, launched.address()
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> list[int]:
+    """SIGTERM every process at once, then wait for each (SIGKILL after 20 s)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(20))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(proc.wait())
+    return codes
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    return proc.wait()
+    return stop_all([proc])[0]
 
 
-def spawn_session(
-    log: Path, tokens_file: Path, db: str, listen: str = "127.0.0.1:0"
-) -> tuple[subprocess.Popen[bytes], str]:
+def launch_session(log: Path, tokens_file: Path, db: str, listen: str = "127.0.0.1:0") -> Launched:
     args = ["serve", "session", "--listen", listen, "--grace-seconds", "1"]
     args += ["--tokens", str(tokens_file), "--db", db]
-    return spawn(args, log, r"oma session serving on (\S+)")
+    return launch(args, log, r"oma session serving on (\S+)")
 
 
 @dataclass
@@ -127,9 +157,11 @@ class Stack:
         again on the same address and database."""
         assert stop(self.procs[0]) == 0
         restarts = sum(1 for _ in self.tmp.glob("session*.log"))
-        self.procs[0], _ = spawn_session(
+        launched = launch_session(
             self.tmp / f"session-{restarts}.log", self.tokens_file, self.db, self.session
         )
+        self.procs[0] = launched.proc
+        launched.address()
 
     def start_worker(
         self, name: str, *, lease_ttl_seconds: float = 2.0, max_sessions: int = 4
