@@ -56,7 +56,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "taking sessions, appends session.status_rescheduled to each one it drives, releases "
         "their leases (another worker picks them up at once) and exits 0; a worker that is "
         "killed loses its sessions to the others when their leases expire "
-        "(--lease-ttl-seconds). Wake keeps working on --listen.",
+        "(--lease-ttl-seconds). Wake keeps working on --listen: give each worker on one "
+        "machine its own address (port 0 picks a free one).",
     )
     worker.add_argument(
         "--worker",
