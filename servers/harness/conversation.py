@@ -89,6 +89,14 @@ def has_work(log: Sequence[LogEvent]) -> bool:
     return any(e.type.startswith(("agent.", "span.")) for e in after)
 
 
+def turn_start(log: Sequence[LogEvent]) -> int:
+    """Seq of the user message that opened the current turn (the first one after the last
+    idle); the last idle's seq + 1 when the turn has none (a resumed or rescheduled turn)."""
+    last_idle = max((e.seq for e in log if e.type == ev.STATUS_IDLE), default=0)
+    first = next((e.seq for e in log if e.seq > last_idle and e.type == ev.USER_MESSAGE), 0)
+    return first or last_idle + 1
+
+
 @dataclass(frozen=True)
 class Spent:
     """Budget spent so far, read from the log's spans and idle events."""

@@ -100,6 +100,12 @@ class Turn:
         return self._lease.session_id
 
     @property
+    def turn_id(self) -> str:
+        """Names the session turn being driven, the same for every harness that drives it: a
+        turn runs from the first user message after an idle to the next idle."""
+        return f"turn-{conversation.turn_start(self._log)}"
+
+    @property
     def last_seq(self) -> int:
         return self._log[-1].seq if self._log else 0
 
@@ -114,7 +120,9 @@ class Turn:
 
     async def run(self) -> str:
         """Run to idle; returns the stop reason written. Raises `LeaseLost` if fenced out."""
-        await self._append(NewEvent(f"run.{self.last_seq}", ev.STATUS_RUNNING))
+        await self._append(
+            NewEvent(f"run.{self.last_seq}", ev.STATUS_RUNNING, turn_id=self.turn_id)
+        )
         faults.reach("after_running")
         while True:
             pending = conversation.pending_tool_uses(self._log)
@@ -125,7 +133,7 @@ class Turn:
                         NewEvent(
                             f"result.{tool_use.tool_use_id}",
                             ev.AGENT_TOOL_RESULT,
-                            turn_id=f"t{self.last_seq}",
+                            turn_id=self.turn_id,
                             tool_use_id=tool_use.tool_use_id,
                             tool_name=tool_use.tool_name,
                             text=output.text,
@@ -174,7 +182,12 @@ class Turn:
     async def _idle(self, stop_reason: str) -> str:
         faults.reach("before_idle")
         await self._append(
-            NewEvent(f"idle.{self.last_seq}", ev.STATUS_IDLE, stop_reason=stop_reason)
+            NewEvent(
+                f"idle.{self.last_seq}",
+                ev.STATUS_IDLE,
+                turn_id=self.turn_id,
+                stop_reason=stop_reason,
+            )
         )
         faults.reach("after_idle")
         return stop_reason
@@ -182,7 +195,7 @@ class Turn:
     async def _call_model(self, messages: list[dict[str, object]]) -> ModelReply | None:
         """One model request with retries; appends its events; None when retries ran out."""
         base = self.last_seq
-        turn = f"t{base}"
+        turn = self.turn_id
         d = self._definition
         await self._append(NewEvent(f"m{base}.start", ev.SPAN_START, turn_id=turn, model=d.model))
         faults.reach("after_model_request_start")

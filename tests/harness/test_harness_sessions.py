@@ -149,6 +149,9 @@ async def test_a_tool_session_provisions_exactly_one_sandbox_after_the_first_mod
     ids = [e.tool_use_id for e in events if e.type == "agent.tool_use"]
     assert ids == [e.tool_use_id for e in events if e.type == "agent.tool_result"]
     assert types(events).count("span.model_request_start") == 3
+    # Every event the harness wrote names the one turn the user message opened.
+    user_seq = next(e.seq for e in events if e.type == "user.message")
+    assert {e.turn_id for e in events if e.seq > user_seq} == {f"turn-{user_seq}"}
     # The prompt is rebuilt from the append-only log, so later calls read its prefix from the
     # prompt cache.
     usages = [end.usage for end in payload(events, "span.model_request_end")]
