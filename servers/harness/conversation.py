@@ -17,15 +17,24 @@ from oma.servers.harness.events import Definition, LogEvent
 Message = dict[str, Any]
 
 
+_USES = (ev.AGENT_TOOL_USE, ev.AGENT_CUSTOM_TOOL_USE)
+_RESULTS = (ev.AGENT_TOOL_RESULT, ev.USER_CUSTOM_TOOL_RESULT)
+
+
+def _answered(log: Sequence[LogEvent]) -> set[str]:
+    return {e.tool_use_id for e in log if e.type in _RESULTS}
+
+
 def build_messages(log: Sequence[LogEvent]) -> list[Message]:
     """The conversation the log records, as Messages API `messages`.
 
     Consecutive blocks of one role merge into one message, so role alternation stays valid
     whatever the log's event granularity; in a user message the `tool_result` blocks come
-    first, as the API requires. A `tool_use` without a recorded result is left out together
-    with nothing else: the caller runs pending tools before asking the model again.
+    first, as the API requires. A tool call is answered by an `agent.tool_result` (sandbox
+    tools) or a `user.custom_tool_result` (custom tools); a call without an answer is left
+    out: the caller settles pending calls before asking the model again.
     """
-    answered = {e.tool_use_id for e in log if e.type == ev.AGENT_TOOL_RESULT}
+    answered = _answered(log)
     messages: list[Message] = []
 
     def add(role: str, block: dict[str, Any]) -> None:
@@ -45,7 +54,7 @@ def build_messages(log: Sequence[LogEvent]) -> list[Message]:
             add("user", {"type": "text", "text": event.text})
         elif event.type == ev.AGENT_MESSAGE and event.text:
             add("assistant", {"type": "text", "text": event.text})
-        elif event.type == ev.AGENT_TOOL_USE and event.tool_use_id in answered:
+        elif event.type in _USES and event.tool_use_id in answered:
             add(
                 "assistant",
                 {
@@ -55,7 +64,7 @@ def build_messages(log: Sequence[LogEvent]) -> list[Message]:
                     "input": dict(event.tool_input),
                 },
             )
-        elif event.type == ev.AGENT_TOOL_RESULT:
+        elif event.type in _RESULTS:
             add(
                 "user",
                 {
@@ -69,22 +78,35 @@ def build_messages(log: Sequence[LogEvent]) -> list[Message]:
 
 
 def pending_tool_uses(log: Sequence[LogEvent]) -> list[LogEvent]:
-    """`agent.tool_use` events with no `agent.tool_result` yet, in log order."""
-    answered = {e.tool_use_id for e in log if e.type == ev.AGENT_TOOL_RESULT}
-    return [e for e in log if e.type == ev.AGENT_TOOL_USE and e.tool_use_id not in answered]
+    """Tool calls (`agent.tool_use`, `agent.custom_tool_use`) with no answer yet, in log order."""
+    answered = _answered(log)
+    return [e for e in log if e.type in _USES and e.tool_use_id not in answered]
+
+
+def confirmation(log: Sequence[LogEvent], tool_use_id: str) -> LogEvent | None:
+    """The user's latest `user.tool_confirmation` of a call, if any."""
+    found = None
+    for e in log:
+        if e.type == ev.USER_TOOL_CONFIRMATION and e.tool_use_id == tool_use_id:
+            found = e
+    return found
+
+
+_INPUT = (ev.USER_MESSAGE, ev.USER_TOOL_CONFIRMATION, ev.USER_CUSTOM_TOOL_RESULT)
 
 
 def has_work(log: Sequence[LogEvent]) -> bool:
-    """Whether the log holds input the model has not answered yet.
+    """Whether the log holds input the model (or a waiting tool call) has not answered yet.
 
-    True when a `user.message` came after the last `session.status_idle`, or when a turn was
-    started (a harness wrote something) and never reached idle — its harness died.
+    True when a user message, tool confirmation or custom tool result came after the last
+    `session.status_idle`, or when a turn was started (a harness wrote something) and never
+    reached idle — its harness died. A `user.interrupt` alone is not work.
     """
     last_idle = max((e.seq for e in log if e.type == ev.STATUS_IDLE), default=0)
     if any(e.type == ev.STATUS_TERMINATED for e in log):
         return False
     after = [e for e in log if e.seq > last_idle]
-    if any(e.type == ev.USER_MESSAGE for e in after):
+    if any(e.type in _INPUT for e in after):
         return True
     return any(e.type.startswith(("agent.", "span.")) for e in after)
 

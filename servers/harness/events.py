@@ -13,9 +13,12 @@ from typing import Any
 # Event type names (the Managed Agents names the session contract uses).
 USER_MESSAGE = "user.message"
 USER_INTERRUPT = "user.interrupt"
+USER_TOOL_CONFIRMATION = "user.tool_confirmation"
+USER_CUSTOM_TOOL_RESULT = "user.custom_tool_result"
 AGENT_MESSAGE = "agent.message"
 AGENT_TOOL_USE = "agent.tool_use"
 AGENT_TOOL_RESULT = "agent.tool_result"
+AGENT_CUSTOM_TOOL_USE = "agent.custom_tool_use"
 STATUS_RUNNING = "session.status_running"
 STATUS_IDLE = "session.status_idle"
 STATUS_RESCHEDULED = "session.status_rescheduled"
@@ -53,11 +56,17 @@ class Usage:
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """A tool the session's model may call."""
+    """A tool the session's model may call.
+
+    `custom` tools are run by the client (`agent.custom_tool_use`, answered by a
+    `user.custom_tool_result`); the others by the sandbox. `ask` means each call waits for a
+    `user.tool_confirmation` (permission policy "always ask")."""
 
     name: str
     description: str = ""
     input_schema: Mapping[str, Any] = field(default_factory=dict)
+    custom: bool = False
+    ask: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,8 @@ class LogEvent:
     is_error: bool = False
     stop_reason: str = ""
     usage: Usage = Usage()
+    # `user.tool_confirmation`: whether the call may run (`text` carries a deny message).
+    allowed: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,8 @@ class NewEvent:
     stop_reason: str = ""
     usage: Usage = Usage()
     model: str = ""
+    # `session.status_idle` with `requires_action`: the calls waiting for the user.
+    tool_use_ids: tuple[str, ...] = ()
     # `session.error`: a stable kind and whether the harness retries on its own.
     code: str = ""
     retrying: bool = False

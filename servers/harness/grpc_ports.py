@@ -103,13 +103,21 @@ def to_log_event(event: events_pb2.Event) -> LogEvent:
         base["text"] = _text(event.user_message.content)
     elif kind == "agent_message":
         base["text"] = _text(event.agent_message.content)
-    elif kind == "agent_tool_use":
-        base["tool_name"] = event.agent_tool_use.name
+    elif kind in ("agent_tool_use", "agent_custom_tool_use"):
+        use = getattr(event, kind)
+        base["tool_name"] = use.name
         try:
-            parsed = json.loads(event.agent_tool_use.input_json or "{}")
+            parsed = json.loads(use.input_json or "{}")
         except ValueError:
             parsed = {}
         base["tool_input"] = parsed if isinstance(parsed, dict) else {}
+    elif kind == "user_custom_tool_result":
+        base["text"] = _text(event.user_custom_tool_result.content)
+        base["is_error"] = event.user_custom_tool_result.is_error
+    elif kind == "user_tool_confirmation":
+        confirmation = event.user_tool_confirmation
+        base["allowed"] = confirmation.result == events_pb2.TOOL_CONFIRMATION_RESULT_ALLOW
+        base["text"] = confirmation.deny_message
     elif kind == "agent_tool_result":
         base["text"] = _text(event.agent_tool_result.content)
         base["is_error"] = event.agent_tool_result.is_error
@@ -138,6 +146,12 @@ def to_proto_event(event: NewEvent) -> events_pb2.Event:
                 name=event.tool_name, input_json=json.dumps(dict(event.tool_input))
             )
         )
+    elif t == ev.AGENT_CUSTOM_TOOL_USE:
+        out.agent_custom_tool_use.CopyFrom(
+            events_pb2.AgentCustomToolUse(
+                name=event.tool_name, input_json=json.dumps(dict(event.tool_input))
+            )
+        )
     elif t == ev.AGENT_TOOL_RESULT:
         out.agent_tool_result.CopyFrom(
             events_pb2.AgentToolResult(content=_blocks(event.text), is_error=event.is_error)
@@ -146,7 +160,9 @@ def to_proto_event(event: NewEvent) -> events_pb2.Event:
         out.session_status_running.SetInParent()
     elif t == ev.STATUS_IDLE:
         out.session_status_idle.CopyFrom(
-            events_pb2.SessionStatusIdle(stop_reason=_STOP_REASONS[event.stop_reason])
+            events_pb2.SessionStatusIdle(
+                stop_reason=_STOP_REASONS[event.stop_reason], tool_use_ids=event.tool_use_ids
+            )
         )
     elif t == ev.STATUS_RESCHEDULED:
         out.session_status_rescheduled.CopyFrom(
@@ -177,10 +193,11 @@ def to_proto_event(event: NewEvent) -> events_pb2.Event:
 
 
 def to_definition(d: definition_pb2.SessionDefinition) -> Definition:
-    specs = [ToolSpec(t.name) for t in d.tools]
+    ask = definition_pb2.PERMISSION_POLICY_ALWAYS_ASK
+    specs = [ToolSpec(t.name, ask=t.permission_policy == ask) for t in d.tools]
     for c in d.custom_tools:
         schema = json.loads(c.input_schema_json) if c.input_schema_json else {"type": "object"}
-        specs.append(ToolSpec(c.name, c.description, schema))
+        specs.append(ToolSpec(c.name, c.description, schema, custom=True))
     b = d.budgets
     e = d.environment
     r = e.resources

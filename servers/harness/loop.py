@@ -92,6 +92,7 @@ class Turn:
         self._definition = definition
         self._log = list(log_events)
         self._tools = tools.complete(definition.tools)
+        self._specs = {spec.name: spec for spec in self._tools}
         self._sandbox_id: str | None = None
         self._lost_sandbox = False
 
@@ -127,20 +128,9 @@ class Turn:
         while True:
             pending = conversation.pending_tool_uses(self._log)
             if pending:
-                for tool_use in pending:
-                    output = await self._run_tool(tool_use)
-                    await self._append(
-                        NewEvent(
-                            f"result.{tool_use.tool_use_id}",
-                            ev.AGENT_TOOL_RESULT,
-                            turn_id=self.turn_id,
-                            tool_use_id=tool_use.tool_use_id,
-                            tool_name=tool_use.tool_name,
-                            text=output.text,
-                            is_error=output.is_error,
-                        )
-                    )
-                    faults.reach("after_tool_result")
+                waiting = await self._settle(pending)
+                if waiting:
+                    return await self._idle(ev.STOP_REQUIRES_ACTION, tuple(waiting))
                 continue
             messages = conversation.build_messages(self._log)
             if not messages or messages[-1]["role"] == "assistant":
@@ -179,7 +169,48 @@ class Turn:
         )
         await self._idle(ev.STOP_RETRIES_EXHAUSTED)
 
-    async def _idle(self, stop_reason: str) -> str:
+    async def _settle(self, pending: Sequence[LogEvent]) -> list[str]:
+        """Run the pending tool calls that may run, record their results, and return the ids
+        of those that wait for the user (a custom tool's result, or a confirmation)."""
+        waiting: list[str] = []
+        for tool_use in pending:
+            if tool_use.type == ev.AGENT_CUSTOM_TOOL_USE:
+                waiting.append(tool_use.tool_use_id)  # the client runs it
+                continue
+            spec = self._specs.get(tool_use.tool_name)
+            if spec is not None and spec.ask:
+                answer = conversation.confirmation(self._log, tool_use.tool_use_id)
+                if answer is None:
+                    waiting.append(tool_use.tool_use_id)
+                    continue
+                if not answer.allowed:
+                    reason = f": {answer.text}" if answer.text else "."
+                    await self._record(
+                        tool_use, ToolOutput(f"The user denied this call{reason}", True)
+                    )
+                    continue
+            await self._record(tool_use, await self._run_tool(tool_use))
+        return waiting
+
+    def _use_type(self, tool_name: str) -> str:
+        spec = self._specs.get(tool_name)
+        return ev.AGENT_CUSTOM_TOOL_USE if spec is not None and spec.custom else ev.AGENT_TOOL_USE
+
+    async def _record(self, tool_use: LogEvent, output: ToolOutput) -> None:
+        await self._append(
+            NewEvent(
+                f"result.{tool_use.tool_use_id}",
+                ev.AGENT_TOOL_RESULT,
+                turn_id=self.turn_id,
+                tool_use_id=tool_use.tool_use_id,
+                tool_name=tool_use.tool_name,
+                text=output.text,
+                is_error=output.is_error,
+            )
+        )
+        faults.reach("after_tool_result")
+
+    async def _idle(self, stop_reason: str, waiting: tuple[str, ...] = ()) -> str:
         faults.reach("before_idle")
         await self._append(
             NewEvent(
@@ -187,6 +218,7 @@ class Turn:
                 ev.STATUS_IDLE,
                 turn_id=self.turn_id,
                 stop_reason=stop_reason,
+                tool_use_ids=waiting,
             )
         )
         faults.reach("after_idle")
@@ -245,7 +277,7 @@ class Turn:
             batch.extend(
                 NewEvent(
                     f"use.{c.id}",
-                    ev.AGENT_TOOL_USE,
+                    self._use_type(c.name),
                     turn_id=turn,
                     tool_use_id=c.id,
                     tool_name=c.name,

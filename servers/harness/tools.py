@@ -7,6 +7,7 @@ one of them without a schema gets the schema below.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -84,11 +85,15 @@ def complete(specs: Iterable[ToolSpec]) -> tuple[ToolSpec, ...]:
     """Fill in the description and schema of known sandbox tools named without one."""
     out = []
     for spec in specs:
-        known = SANDBOX_TOOLS.get(spec.name)
+        known = None if spec.custom else SANDBOX_TOOLS.get(spec.name)
         if known is not None and not spec.input_schema:
-            spec = ToolSpec(spec.name, spec.description or known.description, known.input_schema)
+            spec = dataclasses.replace(
+                spec,
+                description=spec.description or known.description,
+                input_schema=known.input_schema,
+            )
         elif not spec.input_schema:
-            spec = ToolSpec(spec.name, spec.description, {"type": "object", "properties": {}})
+            spec = dataclasses.replace(spec, input_schema={"type": "object", "properties": {}})
         out.append(spec)
     return tuple(out)
 

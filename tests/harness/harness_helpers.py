@@ -124,6 +124,8 @@ class SessionClient:
         script: str,
         *,
         tools: tuple[str, ...] = ("bash", "read", "write"),
+        ask: tuple[str, ...] = (),
+        custom_tools: tuple[str, ...] = (),
         budgets: dict[str, int] | None = None,
         prompt: str = "go",
         image: str = "",
@@ -136,7 +138,23 @@ class SessionClient:
         definition = definition_pb2.SessionDefinition(
             model="claude-sonnet-5",
             system_prompt=f"You are a test agent. [script:{script}]",
-            tools=[definition_pb2.BuiltinTool(name=t) for t in tools],
+            tools=[
+                definition_pb2.BuiltinTool(
+                    name=t,
+                    permission_policy=definition_pb2.PERMISSION_POLICY_ALWAYS_ASK
+                    if t in ask
+                    else definition_pb2.PERMISSION_POLICY_UNSPECIFIED,
+                )
+                for t in tools
+            ],
+            custom_tools=[
+                definition_pb2.CustomTool(
+                    name=name,
+                    description=f"the client's {name} tool",
+                    input_schema_json='{"type": "object", "properties": {"city": {"type": "string"}}}',
+                )
+                for name in custom_tools
+            ],
             budgets=definition_pb2.Budgets(**(budgets or {})),
             environment=definition_pb2.Environment(
                 image=image,
@@ -169,9 +187,15 @@ class SessionClient:
         return session_id
 
     async def wait_idle(
-        self, session_id: str, *, limit_seconds: float = 120.0, on_event: object = None
+        self,
+        session_id: str,
+        *,
+        limit_seconds: float = 120.0,
+        on_event: object = None,
+        idle_after: int = 0,
     ) -> tuple[list, list]:  # type: ignore[type-arg]
-        """Follow the session until a `session.status_idle`; returns (events, previews)."""
+        """Follow the session from its start until a `session.status_idle` after seq
+        `idle_after`; returns (events, previews)."""
         import asyncio
 
         from oma.session.v1 import session_service_pb2
@@ -192,12 +216,28 @@ class SessionClient:
                 events.append(item.event)
                 if callable(on_event):
                     await on_event(item.event)
-                if item.event.type == "session.status_idle":
+                if item.event.type == "session.status_idle" and item.event.seq > idle_after:
                     stream.cancel()
                     return
 
         await asyncio.wait_for(follow(), limit_seconds)
         return events, previews
+
+    async def say(self, session_id: str, **payload: Any) -> int:
+        """Append one client event (`user_tool_confirmation=...`, `user_custom_tool_result=...`,
+        `user_interrupt=...`, with `tool_use_id=` where it applies); returns its seq."""
+        import uuid
+
+        from oma.session.v1 import events_pb2, session_service_pb2
+
+        tool_use_id = payload.pop("tool_use_id", "")
+        event = events_pb2.Event(id=f"user-{uuid.uuid4().hex[:12]}", tool_use_id=tool_use_id)
+        for field, value in payload.items():
+            getattr(event, field).CopyFrom(value)
+        response = await self.sessions.AppendEvents(
+            session_service_pb2.AppendEventsRequest(session_id=session_id, events=[event])
+        )
+        return int(response.seqs[0])
 
     async def sandboxes_of(self, session_id: str, include_terminated: bool = False) -> list:  # type: ignore[type-arg]
         from oma.sandbox.v1 import sandbox_pb2

@@ -131,6 +131,21 @@ class Renderer:
         elif kind == "agent_tool_use":
             u = e.agent_tool_use
             self._line(s.cyan(f"tool use  {u.name} ") + _tool_summary(u.name, u.input_json))
+        elif kind == "agent_custom_tool_use":
+            u = e.agent_custom_tool_use
+            self._line(
+                s.cyan(f"custom tool {u.name} ") + u.input_json + s.dim("  (run by the client)")
+            )
+        elif kind == "user_custom_tool_result":
+            r = e.user_custom_tool_result
+            self._line(s.green("custom tool result\n") + _indent(_text(r.content)))
+        elif kind == "user_tool_confirmation":
+            c = e.user_tool_confirmation
+            allowed = c.result == events_pb2.TOOL_CONFIRMATION_RESULT_ALLOW
+            verdict = "allowed" if allowed else f"denied {c.deny_message}".rstrip()
+            self._line(s.green(f"user {verdict} tool call {e.tool_use_id}"))
+        elif kind == "user_interrupt":
+            self._line(s.yellow("user interrupt ") + e.user_interrupt.reason)
         elif kind == "agent_tool_result":
             r = e.agent_tool_result
             label = s.red("tool error") if r.is_error else s.cyan("tool result")
@@ -152,6 +167,8 @@ class Renderer:
             reason = events_pb2.StopReason.Name(e.session_status_idle.stop_reason)
             self.stop_reason = reason.removeprefix("STOP_REASON_").lower()
             colour = s.green if self.stop_reason == "end_turn" else s.yellow
-            self._line(colour(f"■ idle ({self.stop_reason})"))
+            waiting = ", ".join(e.session_status_idle.tool_use_ids)
+            note = f": waiting for {waiting}" if waiting else ""
+            self._line(colour(f"■ idle ({self.stop_reason}){note}"))
         elif kind in ("session_status_terminated", "session_status_rescheduled"):
             self._line(s.dim(f"· {e.type}"))
