@@ -132,13 +132,15 @@ class Renderer:
             u = e.agent_tool_use
             self._line(s.cyan(f"tool use  {u.name} ") + _tool_summary(u.name, u.input_json))
         elif kind == "agent_custom_tool_use":
-            u = e.agent_custom_tool_use
+            custom = e.agent_custom_tool_use
             self._line(
-                s.cyan(f"custom tool {u.name} ") + u.input_json + s.dim("  (run by the client)")
+                s.cyan(f"custom tool {custom.name} ")
+                + custom.input_json
+                + s.dim("  (run by the client)")
             )
         elif kind == "user_custom_tool_result":
-            r = e.user_custom_tool_result
-            self._line(s.green("custom tool result\n") + _indent(_text(r.content)))
+            answer = e.user_custom_tool_result
+            self._line(s.green("custom tool result\n") + _indent(_text(answer.content)))
         elif kind == "user_tool_confirmation":
             c = e.user_tool_confirmation
             allowed = c.result == events_pb2.TOOL_CONFIRMATION_RESULT_ALLOW
