@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -328,6 +328,19 @@ class GrpcSession:
         except grpc.aio.AioRpcError as error:
             raise self._session_error(error, lease.session_id) from error
         return list(response.seqs)
+
+    async def follow(self, session_id: str, after_seq: int) -> AsyncIterator[LogEvent]:
+        call = self._stub.StreamEvents(
+            session_service_pb2.StreamEventsRequest(
+                session_id=session_id, after_seq=after_seq, follow=True
+            )
+        )
+        try:
+            async for item in call:
+                if item.WhichOneof("item") == "event":
+                    yield to_log_event(item.event)
+        finally:
+            call.cancel()
 
     async def publish_preview(self, lease: Lease, after_seq: int, text: str) -> None:
         await self._stub.PublishPreview(

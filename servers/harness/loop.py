@@ -10,11 +10,13 @@ successor harness writes nothing twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import anthropic
 
@@ -32,6 +34,7 @@ from oma.servers.harness.ports import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SANDBOX_LOST = (
     "The sandbox running this tool was lost ({detail}); the command's effects, and files "
@@ -49,6 +52,13 @@ class LoopConfig:
     default_max_model_calls_per_turn: int = 200
     # Ask the model API to cache the prompt prefix (top-level `cache_control`).
     prompt_caching: bool = True
+
+
+class Interrupted(Exception):
+    """The user interrupted the turn (`user.interrupt`)."""
+
+
+INTERRUPTED = "The user interrupted the turn before this call ran."
 
 
 def _stored(event: NewEvent, seq: int) -> LogEvent:
@@ -95,6 +105,7 @@ class Turn:
         self._specs = {spec.name: spec for spec in self._tools}
         self._sandbox_id: str | None = None
         self._lost_sandbox = False
+        self._interrupt = asyncio.Event()
 
     @property
     def session_id(self) -> str:
@@ -125,7 +136,21 @@ class Turn:
             NewEvent(f"run.{self.last_seq}", ev.STATUS_RUNNING, turn_id=self.turn_id)
         )
         faults.reach("after_running")
+        watcher = asyncio.create_task(self._watch_interrupts(self.last_seq))
+        try:
+            return await self._steps()
+        except Interrupted:
+            # No further call starts; calls already asked for get a result, so that every
+            # tool_use keeps its tool_result and the next request stays valid.
+            for tool_use in conversation.pending_tool_uses(self._log):
+                await self._record(tool_use, ToolOutput(INTERRUPTED, True))
+            return await self._idle(ev.STOP_END_TURN)
+        finally:
+            watcher.cancel()
+
+    async def _steps(self) -> str:
         while True:
+            self._check_interrupt()
             pending = conversation.pending_tool_uses(self._log)
             if pending:
                 waiting = await self._settle(pending)
@@ -149,6 +174,39 @@ class Turn:
             reply = await self._call_model(messages)
             if reply is None:
                 return await self._idle(ev.STOP_RETRIES_EXHAUSTED)
+
+    async def _watch_interrupts(self, after_seq: int) -> None:
+        """Follow the log for a `user.interrupt` while the turn runs (pushed, not polled)."""
+        try:
+            async for event in self._session.follow(self.session_id, after_seq):
+                if event.type == ev.USER_INTERRUPT:
+                    self._interrupt.set()
+                    return
+        except Exception as error:  # the log check at every step still sees interrupts
+            log.warning("session %s: interrupt watch ended: %s", self.session_id, error)
+
+    def _check_interrupt(self) -> None:
+        if self._interrupt.is_set():
+            raise Interrupted
+        start = conversation.turn_start(self._log)
+        if any(e.type == ev.USER_INTERRUPT and e.seq > start for e in self._log):
+            raise Interrupted
+
+    async def _interruptible(self, awaitable: Awaitable[T]) -> T:
+        """Await `awaitable` unless the user interrupts first (then cancel it)."""
+        self._check_interrupt()
+        work = asyncio.ensure_future(awaitable)
+        interrupted = asyncio.ensure_future(self._interrupt.wait())
+        try:
+            await asyncio.wait({work, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            interrupted.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await work
+        raise Interrupted
 
     async def reschedule(self, reason: str) -> None:
         """Give the session up mid-turn (the harness is shutting down); the log says so, and
@@ -174,6 +232,7 @@ class Turn:
         of those that wait for the user (a custom tool's result, or a confirmation)."""
         waiting: list[str] = []
         for tool_use in pending:
+            self._check_interrupt()
             if tool_use.type == ev.AGENT_CUSTOM_TOOL_USE:
                 waiting.append(tool_use.tool_use_id)  # the client runs it
                 continue
@@ -234,20 +293,34 @@ class Turn:
         preview_after = self.last_seq
         failure: ModelFailure | None = None
         for attempt in range(self._config.max_model_retries + 1):
-            if attempt:
-                await asyncio.sleep(self._backoff(attempt))
             try:
-                reply = await stream_reply(
-                    self._model,
-                    model=d.model,
-                    system=d.system,
-                    messages=messages,
-                    tools=tools.to_api(self._tools),
-                    max_tokens=d.max_tokens,
-                    user_id=self.session_id,
-                    cache=self._config.prompt_caching,
-                    on_text=lambda text: self._preview(preview_after, text),
+                if attempt:
+                    await self._interruptible(asyncio.sleep(self._backoff(attempt)))
+                reply = await self._interruptible(
+                    stream_reply(
+                        self._model,
+                        model=d.model,
+                        system=d.system,
+                        messages=messages,
+                        tools=tools.to_api(self._tools),
+                        max_tokens=d.max_tokens,
+                        user_id=self.session_id,
+                        cache=self._config.prompt_caching,
+                        on_text=lambda text: self._preview(preview_after, text),
+                    )
                 )
+            except Interrupted:
+                await self._append(
+                    NewEvent(
+                        f"m{base}.end",
+                        ev.SPAN_END,
+                        turn_id=turn,
+                        model=d.model,
+                        is_error=True,
+                        text="interrupted by the user",
+                    )
+                )
+                raise
             except ModelFailure as error:
                 failure = error
                 log.warning(

@@ -6,7 +6,7 @@ never sees a stub, a status code or a protobuf message.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -82,6 +82,10 @@ class SessionPort(Protocol):
         ...
 
     async def publish_preview(self, lease: Lease, after_seq: int, text: str) -> None: ...
+
+    def follow(self, session_id: str, after_seq: int) -> AsyncIterator[LogEvent]:
+        """Stored events after `after_seq`, then each one as it is appended (push)."""
+        ...
 
 
 class SandboxPort(Protocol):

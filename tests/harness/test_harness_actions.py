@@ -29,6 +29,22 @@ SCRIPTS: dict[str, Any] = {
                 {"text": "It is sunny in Lyon."},
             ]
         },
+        "ponder": {"turns": [{"text": "After long thought: 42.", "ttft_ms": 4000}]},
+        "two_steps": {
+            "turns": [
+                {
+                    "content": [
+                        {
+                            "type": "tool_use",
+                            "name": "bash",
+                            "input": {"command": "sleep 1.5; echo first"},
+                        },
+                        {"type": "tool_use", "name": "bash", "input": {"command": "echo second"}},
+                    ]
+                },
+                {"text": "never asked"},
+            ]
+        },
         "careful": {
             "turns": [
                 {
@@ -140,4 +156,59 @@ async def test_a_tool_that_asks_runs_only_when_allowed(
         assert "not on this machine" in tool_result.content[0].text
         assert sandboxes == []  # a denied call never needs hands
     assert payload(events, "agent.message")[-1].content[0].text == "Finished."
+    assert events[-1].session_status_idle.stop_reason == END_TURN
+
+
+async def test_an_interrupt_cancels_the_model_stream(
+    local_peers: Peers,
+    local_client: SessionClient,
+    model: AsyncModelServer,
+    harness_factory: HarnessFactory,
+) -> None:
+    harness = await harness_factory(local_peers, model.base_url)
+    session_id = await local_client.create("ponder", tools=())
+
+    async def interrupt_when_asked(event: Any) -> None:
+        if event.type == "span.model_request_start":
+            await local_client.say(
+                session_id, user_interrupt=events_pb2.UserInterrupt(reason="changed my mind")
+            )
+
+    waiting = asyncio.create_task(local_client.wait_idle(session_id, on_event=interrupt_when_asked))
+    await wake(local_peers, harness.address, session_id)
+    events, _ = await waiting
+    kinds = types(events)
+    assert "agent.message" not in kinds
+    assert kinds.index("user.interrupt") < kinds.index("span.model_request_end")
+    assert payload(events, "span.model_request_end")[0].is_error
+    assert events[-1].session_status_idle.stop_reason == END_TURN
+    # The turn ended long before the model's 4 s first token would have come: the stream was
+    # cancelled, not awaited (checked by the order of events, not by a clock).
+    assert await harness.driver.task(session_id) == "end_turn"
+
+
+async def test_an_interrupt_mid_tool_starts_no_further_call(
+    local_peers: Peers,
+    local_client: SessionClient,
+    model: AsyncModelServer,
+    harness_factory: HarnessFactory,
+) -> None:
+    harness = await harness_factory(local_peers, model.base_url)
+    session_id = await local_client.create("two_steps", tools=("bash",))
+
+    async def interrupt_during_first(event: Any) -> None:
+        if event.type == "span.model_request_end":
+            await local_client.say(session_id, user_interrupt=events_pb2.UserInterrupt())
+
+    waiting = asyncio.create_task(
+        local_client.wait_idle(session_id, on_event=interrupt_during_first)
+    )
+    await wake(local_peers, harness.address, session_id)
+    events, _ = await waiting
+    results = payload(events, "agent.tool_result")
+    assert len(results) == 2  # every tool_use keeps a result
+    assert results[1].is_error and "interrupted" in results[1].content[0].text
+    # The second call never ran; at most the one already running finished.
+    assert "second" not in results[1].content[0].text
+    assert types(events).count("span.model_request_start") == 1
     assert events[-1].session_status_idle.stop_reason == END_TURN
