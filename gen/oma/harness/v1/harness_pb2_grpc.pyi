@@ -64,6 +64,28 @@ live previews (`SessionService.PublishPreview`); previews are never stored, and 
 [HARNESS-CRED-001] A harness MUST NOT hold user credentials: at most the operator's own
 model key and a vault session token for the session it drives. Secrets never appear in the
 log, in tool inputs, or in a sandbox.
+
+[HARNESS-ACTION-001] A call of a custom tool (`SessionDefinition.custom_tools`) MUST be
+recorded as `agent.custom_tool_use`, and the turn MUST then end with `session.status_idle`,
+stop reason `requires_action`, listing the waiting calls in `tool_use_ids`. A later wake
+with a `user.custom_tool_result` for each resumes the turn: the client's result is what the
+model sees.
+
+[HARNESS-ACTION-002] A call of a tool whose permission policy is "always ask" MUST be
+recorded as `agent.tool_use` and MUST NOT run (nor provision a sandbox) before a
+`user.tool_confirmation` allows it; until then the turn ends idle with `requires_action`.
+A denied call MUST get an `agent.tool_result` with `is_error` that carries the
+`deny_message`.
+
+[HARNESS-INTERRUPT-001] On a `user.interrupt` appended during a turn the harness MUST cancel
+the model stream in progress and MUST NOT start another tool call; every `agent.tool_use`
+of the turn still without a result MUST get an `is_error` result saying it was interrupted
+(so each call keeps its result), and the turn ends idle with `end_turn`. The harness learns
+of the interrupt by following the log (`StreamEvents`), not by polling.
+
+A harness rebuilds every request from the log, which only grows at its end, so the prompt
+of one call is a prefix of the next: the reference harness asks the model API to cache it
+(automatic prompt caching), and later calls report the prefix in `cache_read_input_tokens`.
 """
 
 from collections import abc as _abc
