@@ -19,7 +19,8 @@ default of `off` cannot weaken it) with `fsync=on`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -139,6 +140,19 @@ class Database:
         assert self._async_engine is not None
         async with self._async_engine.begin() as conn:
             return await conn.run_sync(fn)
+
+    @contextlib.asynccontextmanager
+    async def asyncpg_transaction(self) -> AsyncIterator[Any]:
+        """PostgreSQL only: a pooled connection's asyncpg driver connection inside a transaction,
+        for the append hot path (native prepared statements and pipelined executemany, no
+        per-statement greenlet hop). Commits when the block ends, rolls back if it raises."""
+        assert self._async_engine is not None
+        async with self._async_engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            assert driver is not None
+            async with driver.transaction():
+                yield driver
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
         """Run `fn` in one read transaction (a consistent snapshot)."""

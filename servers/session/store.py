@@ -82,7 +82,10 @@ class SessionState:
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> SessionState:
-        m = row._mapping
+        return cls.from_mapping(row._mapping)
+
+    @classmethod
+    def from_mapping(cls, m: Any) -> SessionState:
         return cls(
             pk=m["pk"],
             id=m["id"],
@@ -228,10 +231,13 @@ class SessionStore:
             return result
 
         result = await self.db.write(transaction)
+        self._publish(changes)
+        return result
+
+    def _publish(self, changes: list[Change]) -> None:
         for change in changes:
             for listener in self._listeners:
                 listener(change)
-        return result
 
     def _notify(self, conn: Connection, change: Change) -> None:
         if not change.notified:
@@ -405,79 +411,50 @@ class SessionStore:
         expected_last_seq: int | None,
         fencing_token: int,
     ) -> AppendResult:
-        """Append a validated batch atomically, in the check order of [SESSION-APPEND-002..008]."""
+        """Append a validated batch atomically, in the check order of [SESSION-APPEND-002..008].
+        The decision is `_plan_append` (pure); around it, four statements: lock the session
+        row, look the ids up, insert the events, update the row."""
 
-        def append(conn: Connection, changes: list[Change]) -> AppendResult:
-            state = self._lock_session(conn, session_id)
-            known: dict[str, int]
-            if self.db.is_sqlite:
+        def plan(state: SessionState, known: dict[str, int]) -> _AppendPlan:
+            return _plan_append(session_id, state, known, batch, expected_last_seq, fencing_token)
+
+        if self.db.is_sqlite:
+
+            def append(conn: Connection, changes: list[Change]) -> AppendResult:
+                state = self._lock_session(conn, session_id)
                 sql = (
                     "SELECT event_id, seq FROM oma_events WHERE session_pk = ? AND event_id IN "
                     f"({self._marks(len(batch.ids))})"
                 )
-                known = dict(conn.exec_driver_sql(sql, (state.pk, *batch.ids)).all())
-            else:
-                known = dict(conn.exec_driver_sql(self._known_sql_pg, (state.pk, batch.ids)).all())
-            if known:
-                if len(known) == len(batch.ids):
-                    return AppendResult(
-                        [known[i] for i in batch.ids], state.last_seq, replayed=True
-                    )
-                raise MixedBatch(
-                    [i for i in batch.ids if i in known], [i for i in batch.ids if i not in known]
+                known: dict[str, int] = dict(
+                    conn.exec_driver_sql(sql, (state.pk, *batch.ids)).all()
                 )
-            if state.status == ev.STATUS_TERMINATED:
-                raise SessionTerminated(session_id)
-            if expected_last_seq is not None and expected_last_seq != state.last_seq:
-                raise SequenceMismatch(expected_last_seq, state.last_seq)
-            now = now_us()
-            if batch.needs_lease:
-                _check_fencing(state, fencing_token, now)
-            first_seq = state.last_seq + 1
-            # Each body gets its seq (field 2) and create_time (field 3) appended as wire fields:
-            # protobuf parsers take fields in any order, so this is the complete Event.
-            stamp = _timestamp_field(now)
-            pk = state.pk
-            rows = [
-                (pk, seq, item.event.id, item.type, item.body + b"\x10" + _varint(seq) + stamp)
-                for seq, item in enumerate(batch.events, start=first_seq)
-            ]
-            state.last_seq = first_seq + len(rows) - 1
-            state.update_time_us = now
-            if batch.last_client_index >= 0:
-                state.last_user_seq = first_seq + batch.last_client_index
-            if batch.last_status_index >= 0:
-                state.status = batch.last_status
-                if batch.last_idle_index >= 0:
-                    state.last_idle_seq = first_seq + batch.last_idle_index
-                    state.stop_reason = batch.last_stop_reason
-                if batch.last_status == ev.STATUS_TERMINATED:
-                    # A terminated session has no driver; its lease ends with it.
-                    state.lease_holder = None
-                    state.lease_expire_us = None
-            conn.exec_driver_sql(self._insert_events, rows)
-            change = Change(session_id, state, first_seq, [row[4] for row in rows])
-            values: tuple[Any, ...] = (
-                state.last_seq,
-                state.status,
-                state.stop_reason,
-                state.last_user_seq,
-                state.last_idle_seq,
-                now,
-                state.lease_holder,
-                state.lease_expire_us,
-                state.pk,
-            )
-            if not self.db.is_sqlite:
-                values += (self._payload(change),)
-                change.notified = True
-            result = conn.exec_driver_sql(self._after_append_sql, values)
-            if change.notified:
-                result.all()  # the RETURNING row: the NOTIFY was queued
-            changes.append(change)
-            return AppendResult(list(range(first_seq, state.last_seq + 1)), state.last_seq, False)
+                decided = plan(state, known)
+                if decided.change is not None:
+                    conn.exec_driver_sql(self._insert_events, decided.rows)
+                    conn.exec_driver_sql(self._after_append_sql, decided.values)
+                    changes.append(decided.change)
+                return decided.result
 
-        return await self._write(append)
+            return await self._write(append)
+
+        async with self.db.asyncpg_transaction() as pg:
+            row = await pg.fetchrow(self._lock_sql, session_id)
+            if row is None:
+                raise SessionNotFound(session_id)
+            state = SessionState.from_mapping(dict(row.items()))
+            known = {r[0]: r[1] for r in await pg.fetch(self._known_sql_pg, state.pk, batch.ids)}
+            decided = plan(state, known)
+            if decided.change is not None:
+                await pg.executemany(self._insert_events, decided.rows)
+                # The NOTIFY rides the UPDATE (RETURNING pg_notify), sent at commit.
+                await pg.fetch(
+                    self._after_append_sql, *decided.values, self._payload(decided.change)
+                )
+                decided.change.notified = True
+        if decided.change is not None:
+            self._publish([decided.change])
+        return decided.result
 
     def _pk(self, conn: Connection, session_id: str) -> int:
         pk = self._pk_cache.get(session_id)
@@ -678,6 +655,75 @@ def _grant(
     )
     changes.append(Change(state.id, state))
     return LeaseGrant(state.id, holder_id, state.fencing_token, state.lease_expire_us)
+
+
+@dataclass
+class _AppendPlan:
+    result: AppendResult
+    change: Change | None = None  # None: nothing to write (a replayed batch)
+    rows: list[tuple[int, int, str, str, bytes]] = field(default_factory=list)
+    values: tuple[Any, ...] = ()  # parameters of the session row UPDATE
+
+
+def _plan_append(
+    session_id: str,
+    state: SessionState,
+    known: dict[str, int],
+    batch: ev.PreparedBatch,
+    expected_last_seq: int | None,
+    fencing_token: int,
+) -> _AppendPlan:
+    """Decide an append from the locked session row and the batch ids already in its log:
+    the checks in contract order, then the rows to insert and the row's new values."""
+    if known:
+        if len(known) == len(batch.ids):
+            return _AppendPlan(AppendResult([known[i] for i in batch.ids], state.last_seq, True))
+        raise MixedBatch(
+            [i for i in batch.ids if i in known], [i for i in batch.ids if i not in known]
+        )
+    if state.status == ev.STATUS_TERMINATED:
+        raise SessionTerminated(session_id)
+    if expected_last_seq is not None and expected_last_seq != state.last_seq:
+        raise SequenceMismatch(expected_last_seq, state.last_seq)
+    now = now_us()
+    if batch.needs_lease:
+        _check_fencing(state, fencing_token, now)
+    first_seq = state.last_seq + 1
+    # Each body gets its seq (field 2) and create_time (field 3) appended as wire fields:
+    # protobuf parsers take fields in any order, so this is the complete Event.
+    stamp = _timestamp_field(now)
+    pk = state.pk
+    rows = [
+        (pk, seq, item.event.id, item.type, item.body + b"\x10" + _varint(seq) + stamp)
+        for seq, item in enumerate(batch.events, start=first_seq)
+    ]
+    state.last_seq = first_seq + len(rows) - 1
+    state.update_time_us = now
+    if batch.last_client_index >= 0:
+        state.last_user_seq = first_seq + batch.last_client_index
+    if batch.last_status_index >= 0:
+        state.status = batch.last_status
+        if batch.last_idle_index >= 0:
+            state.last_idle_seq = first_seq + batch.last_idle_index
+            state.stop_reason = batch.last_stop_reason
+        if batch.last_status == ev.STATUS_TERMINATED:
+            # A terminated session has no driver; its lease ends with it.
+            state.lease_holder = None
+            state.lease_expire_us = None
+    values = (
+        state.last_seq,
+        state.status,
+        state.stop_reason,
+        state.last_user_seq,
+        state.last_idle_seq,
+        now,
+        state.lease_holder,
+        state.lease_expire_us,
+        state.pk,
+    )
+    change = Change(session_id, state, first_seq, [row[4] for row in rows])
+    result = AppendResult(list(range(first_seq, state.last_seq + 1)), state.last_seq, False)
+    return _AppendPlan(result, change, rows, values)
 
 
 def _check_fencing(state: SessionState, token: int, at_us: int) -> None:
