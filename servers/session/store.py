@@ -180,7 +180,8 @@ class SessionStore:
             return ", ".join(f"${i}" for i in range(first, first + n))
 
         self._marks = marks
-        columns = ", ".join(c.name for c in sessions.columns if c.name != "definition")
+        self._lock_columns = [c.name for c in sessions.columns if c.name != "definition"]
+        columns = ", ".join(self._lock_columns)
         self._lock_sql = f"SELECT {columns} FROM oma_sessions WHERE id = {marks(1)}" + (
             "" if db.is_sqlite else " FOR UPDATE"
         )
@@ -421,18 +422,24 @@ class SessionStore:
         if self.db.is_sqlite:
 
             def append(conn: Connection, changes: list[Change]) -> AppendResult:
-                state = self._lock_session(conn, session_id)
+                # The sqlite3 connection itself, inside the transaction SQLAlchemy began
+                # (BEGIN IMMEDIATE) and will commit: the writer thread holds the GIL for as
+                # little Python as possible, since the event loop needs it too.
+                raw = conn.connection.driver_connection
+                assert raw is not None
+                row = raw.execute(self._lock_sql, (session_id,)).fetchone()
+                if row is None:
+                    raise SessionNotFound(session_id)
+                state = SessionState.from_mapping(dict(zip(self._lock_columns, row, strict=True)))
                 sql = (
                     "SELECT event_id, seq FROM oma_events WHERE session_pk = ? AND event_id IN "
                     f"({self._marks(len(batch.ids))})"
                 )
-                known: dict[str, int] = dict(
-                    conn.exec_driver_sql(sql, (state.pk, *batch.ids)).all()
-                )
+                known: dict[str, int] = dict(raw.execute(sql, (state.pk, *batch.ids)).fetchall())
                 decided = plan(state, known)
                 if decided.change is not None:
-                    conn.exec_driver_sql(self._insert_events, decided.rows)
-                    conn.exec_driver_sql(self._after_append_sql, decided.values)
+                    raw.executemany(self._insert_events, decided.rows)
+                    raw.execute(self._after_append_sql, decided.values)
                     changes.append(decided.change)
                 return decided.result
 
