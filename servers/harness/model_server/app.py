@@ -13,7 +13,9 @@ Routes:
   refuses, two script mismatches land here too: a request past the script's last turn, and a
   scripted `tool_use` of a tool the request does not declare;
 * `GET /_oma/served`: every turn served so far (`{"script", "turn", "conversation",
-  "stream"}`), in order; `DELETE` clears it.
+  "stream", "chosen_by", "messages", "prompt_tokens", "first_user_text"}`: how the turn was
+  chosen, `record` or `count` (see `turns.py`), and the request's size), in order; `DELETE`
+  clears it.
 
 Errors use the real shape: `{"type": "error", "error": {"type", "message"}, "request_id"}`
 with the matching status (400 invalid_request_error, 401 authentication_error, 404
@@ -46,14 +48,17 @@ from oma.servers.harness.model_server.script import (
     Script,
     ScriptBook,
     conversation_key,
+    first_user_text,
     render_content,
     stable_id,
     turn_index,
 )
 from oma.servers.harness.model_server.ttft import Ttft
+from oma.servers.harness.model_server.turns import ServedTurns
 from oma.servers.harness.model_server.validate import InvalidRequest, validate_request
 
 DELTA_CHARS = 24  # streamed text is cut into deltas this long so previews visibly stream
+FIRST_USER_CHARS = 200  # how much of the first user message `/_oma/served` shows
 
 
 class ApiError(Exception):
@@ -79,6 +84,7 @@ class ServerState:
     models: frozenset[str] | None = None
     delta_delay_ms: float = 0.0
     cache: PromptCache = field(default_factory=PromptCache)
+    turns: ServedTurns = field(default_factory=ServedTurns)
     rejections: list[dict[str, Any]] = field(default_factory=list)
     served: list[dict[str, Any]] = field(default_factory=list)
     _failures_seen: dict[tuple[str, str, int], int] = field(default_factory=dict)
@@ -249,8 +255,12 @@ async def _stream_events(
     yield _sse("message_stop", {"type": "message_stop"})
 
 
-def _choose_turn(book: ScriptBook, body: Mapping[str, Any]) -> tuple[Script, int]:
-    """The script and turn that answer this request; ApiError 400 when none does."""
+def _choose_turn(
+    book: ScriptBook, turns: ServedTurns, key: str, body: Mapping[str, Any]
+) -> tuple[Script, int, str]:
+    """The script and turn that answer this request, and how the turn was chosen (`record`:
+    after the turn that produced its last assistant message; `count`: by counting them);
+    ApiError 400 when none answers."""
     script = book.select(body)
     if script is None:
         raise ApiError(
@@ -259,15 +269,21 @@ def _choose_turn(book: ScriptBook, body: Mapping[str, Any]) -> tuple[Script, int
             "no script answers this request: put [script:NAME] in the system prompt or start "
             f"metadata.user_id with NAME (scripts: {', '.join(sorted(book.scripts))})",
         )
-    turn_no = turn_index(body)
+    following = turns.following(key, script.name, body.get("messages") or [])
+    turn_no, by = (turn_index(body), "count") if following is None else (following, "record")
     if turn_no >= len(script.turns):
+        why = (
+            f"it holds {turn_no} assistant messages"
+            if by == "count"
+            else f"its last assistant message is turn {turn_no} as served"
+        )
         raise ApiError(
             400,
             "invalid_request_error",
             f"script {script.name!r} has {len(script.turns)} turns but the request asks for "
-            f"turn {turn_no + 1} (it holds {turn_no} assistant messages)",
+            f"turn {turn_no + 1} ({why})",
         )
-    return script, turn_no
+    return script, turn_no, by
 
 
 def _check_tools_declared(
@@ -310,10 +326,11 @@ def build_app(state: ServerState) -> Starlette:
             body = await _read_body(request, "create")
             if state.models is not None and body["model"] not in state.models:
                 raise ApiError(404, "not_found_error", f"model: {body['model']}")
-            script, turn_no = _choose_turn(state.book, body)
             key = conversation_key(body)
+            script, turn_no, chosen_by = _choose_turn(state.book, state.turns, key, body)
             content = render_content(script, turn_no, key)
             _check_tools_declared(body, script, turn_no, content)
+            state.turns.record(key, script.name, turn_no, content)
         except ApiError as error:
             return reject(request, error, request_id)
         turn = script.turns[turn_no]
@@ -344,7 +361,16 @@ def build_app(state: ServerState) -> Starlette:
         if failure is None:
             with state.lock:
                 state.served.append(
-                    {"script": script.name, "turn": turn_no, "conversation": key, "stream": stream}
+                    {
+                        "script": script.name,
+                        "turn": turn_no,
+                        "conversation": key,
+                        "stream": stream,
+                        "chosen_by": chosen_by,
+                        "messages": len(body["messages"]),
+                        "prompt_tokens": prompt.total,
+                        "first_user_text": first_user_text(body)[:FIRST_USER_CHARS],
+                    }
                 )
         headers = {"request-id": request_id}
         if not stream:

@@ -29,10 +29,14 @@ A turn is an object::
 
 The shorthand `"text": "..."` stands for a single text block.
 
-Which turn is played is decided by the request alone: turn N (0-based) answers a request
-whose `messages` hold N assistant messages (a trailing assistant prefill is not counted).
-A harness that crashes and retries the same request therefore gets the same answer, and
-concurrent conversations never interfere. Tool-use ids are derived from the conversation key
+Which turn is played: the one after the turn that produced the request's most recent
+assistant message, which the server recognises by the tool-use ids and text it served
+(`turns.py`), so a client that trims old events from its history still gets the next turn.
+A message the server has no record of (a fresh server, a hand-written history) falls back to
+position: turn N (0-based) answers a request whose `messages` hold N assistant messages (a
+trailing assistant prefill is not counted). Either way the choice depends on the request and
+on what was served, never on how often: a harness that crashes and retries the same request
+gets the same answer, and concurrent conversations never interfere. Tool-use ids are derived from the conversation key
 (`metadata.user_id`, else the text of the first user message), the script name, the turn and
 the block index, so a replay produces the same ids.
 
@@ -96,7 +100,7 @@ class ScriptBook:
 
     def select(self, body: Mapping[str, Any]) -> Script | None:
         """The script for this request (see the module doc), or None."""
-        for text in (_system_text(body), _first_user_text(body)):
+        for text in (_system_text(body), first_user_text(body)):
             match = MARKER.search(text)
             if match and match.group(1) in self.scripts:
                 return self.scripts[match.group(1)]
@@ -124,7 +128,7 @@ def _system_text(body: Mapping[str, Any]) -> str:
     return _text_of(body.get("system") or "")
 
 
-def _first_user_text(body: Mapping[str, Any]) -> str:
+def first_user_text(body: Mapping[str, Any]) -> str:
     messages = body.get("messages") or []
     return _text_of(messages[0].get("content")) if messages else ""
 
