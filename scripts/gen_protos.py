@@ -12,8 +12,8 @@ so gen/ is a source root; src/oma/<service> are symlinks into it.
 from __future__ import annotations
 
 import argparse
-import json
 import filecmp
+import json
 import shutil
 import subprocess
 import sys
