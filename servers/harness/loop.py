@@ -22,6 +22,7 @@ import anthropic
 
 from oma.servers.harness import conversation, faults, tools
 from oma.servers.harness import events as ev
+from oma.servers.harness.context import ContextPolicy, LogSlices, SlidingWindowPolicy
 from oma.servers.harness.events import Definition, LogEvent, NewEvent
 from oma.servers.harness.model import ModelFailure, ModelReply, stream_reply
 from oma.servers.harness.ports import (
@@ -52,6 +53,9 @@ class LoopConfig:
     default_max_model_calls_per_turn: int = 200
     # Ask the model API to cache the prompt prefix (top-level `cache_control`).
     prompt_caching: bool = True
+    # What each model request holds when the conversation outgrows the model's context
+    # (`context.py`); the loop makes no assumption about the model's context size.
+    context: ContextPolicy = dataclasses.field(default_factory=SlidingWindowPolicy)
 
 
 class Interrupted(Exception):
@@ -157,7 +161,13 @@ class Turn:
                 if waiting:
                     return await self._idle(ev.STOP_REQUIRES_ACTION, tuple(waiting))
                 continue
-            messages = conversation.build_messages(self._log)
+            context = await self._config.context.build(
+                LogSlices(self._log),
+                system=self._definition.system,
+                tools=tools.to_api(self._tools),
+                caching=self._config.prompt_caching,
+            )
+            messages = context.messages
             if not messages or messages[-1]["role"] == "assistant":
                 return await self._idle(ev.STOP_END_TURN)
             budget = conversation.budget_reached(self._definition, self._log)
