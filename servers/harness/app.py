@@ -10,7 +10,7 @@ from oma.harness.v1 import harness_pb2_grpc
 from oma.runtime.client import ClientTls, connect
 from oma.runtime.server import RunningServer, ServerOptions, Service, start_server
 from oma.servers.harness.driver import Driver, DriverConfig
-from oma.servers.harness.grpc_ports import GrpcSandbox, GrpcSession, GrpcVault
+from oma.servers.harness.grpc_ports import GrpcMcp, GrpcSandbox, GrpcSession, GrpcVault
 from oma.servers.harness.model import make_client
 from oma.servers.harness.service import SERVICE_NAME, HarnessServicer
 
@@ -65,7 +65,11 @@ def build_driver(config: HarnessConfig) -> tuple[Driver, list[grpc.aio.Channel]]
         vault = GrpcVault(vault_channel)
     model = make_client(config.model_base_url or None, config.model_api_key or None)
     driver = Driver(
-        GrpcSession(session_channel), GrpcSandbox(sandbox_channel, vault), model, config.driver
+        GrpcSession(session_channel),
+        GrpcSandbox(sandbox_channel, vault),
+        model,
+        config.driver,
+        mcp=GrpcMcp(vault),
     )
     return driver, channels
 

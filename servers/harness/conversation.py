@@ -17,8 +17,8 @@ from oma.servers.harness.events import Definition, LogEvent
 Message = dict[str, Any]
 
 
-_USES = (ev.AGENT_TOOL_USE, ev.AGENT_CUSTOM_TOOL_USE)
-_RESULTS = (ev.AGENT_TOOL_RESULT, ev.USER_CUSTOM_TOOL_RESULT)
+_USES = (ev.AGENT_TOOL_USE, ev.AGENT_CUSTOM_TOOL_USE, ev.AGENT_MCP_TOOL_USE)
+_RESULTS = (ev.AGENT_TOOL_RESULT, ev.USER_CUSTOM_TOOL_RESULT, ev.AGENT_MCP_TOOL_RESULT)
 
 
 def _answered(log: Sequence[LogEvent]) -> set[str]:

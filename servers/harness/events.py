@@ -19,6 +19,8 @@ AGENT_MESSAGE = "agent.message"
 AGENT_TOOL_USE = "agent.tool_use"
 AGENT_TOOL_RESULT = "agent.tool_result"
 AGENT_CUSTOM_TOOL_USE = "agent.custom_tool_use"
+AGENT_MCP_TOOL_USE = "agent.mcp_tool_use"
+AGENT_MCP_TOOL_RESULT = "agent.mcp_tool_result"
 STATUS_RUNNING = "session.status_running"
 STATUS_IDLE = "session.status_idle"
 STATUS_RESCHEDULED = "session.status_rescheduled"
@@ -87,6 +89,18 @@ class Environment:
 
 
 @dataclass(frozen=True)
+class McpServer:
+    """An MCP server of the session (`SessionDefinition.mcp_servers`): its tools are offered
+    to the model as `<name>__<tool>`, called through the vault's proxy with `credential_id`
+    injected (directly when it is empty)."""
+
+    name: str
+    url: str
+    credential_id: str = ""
+    ask: bool = False
+
+
+@dataclass(frozen=True)
 class Definition:
     """What the harness needs from a session's definition."""
 
@@ -100,6 +114,9 @@ class Definition:
     max_model_calls_per_turn: int = 0
     max_turns: int = 0
     environment: Environment = Environment()
+    mcp_servers: tuple[McpServer, ...] = ()
+    # `SessionDefinition.vault_credential_ids`: what a vault session token may grant.
+    vault_credential_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +135,10 @@ class LogEvent:
     usage: Usage = Usage()
     # `user.tool_confirmation`: whether the call may run (`text` carries a deny message).
     allowed: bool = False
+    # `agent.mcp_tool_use`: the server and the tool's own name (`tool_name` is the name the
+    # model used, `<server>__<tool>`).
+    mcp_server: str = ""
+    mcp_tool: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,3 +161,6 @@ class NewEvent:
     # `session.error`: a stable kind and whether the harness retries on its own.
     code: str = ""
     retrying: bool = False
+    # `agent.mcp_tool_use`: the server and the tool's own name.
+    mcp_server: str = ""
+    mcp_tool: str = ""

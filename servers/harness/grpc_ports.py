@@ -20,18 +20,22 @@ from google.protobuf import duration_pb2
 from oma.runtime.errors import error_info
 from oma.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from oma.servers.harness import events as ev
+from oma.servers.harness import tools
 from oma.servers.harness.events import (
     Definition,
     Environment,
     LogEvent,
+    McpServer,
     NewEvent,
     ToolSpec,
     Usage,
 )
+from oma.servers.harness.mcp_client import HttpReply, McpClient
 from oma.servers.harness.ports import (
     Lease,
     LeaseHeld,
     LeaseLost,
+    McpUnavailable,
     SandboxGone,
     SessionGone,
     ToolFailed,
@@ -111,6 +115,19 @@ def to_log_event(event: events_pb2.Event) -> LogEvent:
         except ValueError:
             parsed = {}
         base["tool_input"] = parsed if isinstance(parsed, dict) else {}
+    elif kind == "agent_mcp_tool_use":
+        use = event.agent_mcp_tool_use
+        base["tool_name"] = tools.mcp_tool_name(use.server_name, use.name)
+        base["mcp_server"] = use.server_name
+        base["mcp_tool"] = use.name
+        try:
+            parsed = json.loads(use.input_json or "{}")
+        except ValueError:
+            parsed = {}
+        base["tool_input"] = parsed if isinstance(parsed, dict) else {}
+    elif kind == "agent_mcp_tool_result":
+        base["text"] = _text(event.agent_mcp_tool_result.content)
+        base["is_error"] = event.agent_mcp_tool_result.is_error
     elif kind == "user_custom_tool_result":
         base["text"] = _text(event.user_custom_tool_result.content)
         base["is_error"] = event.user_custom_tool_result.is_error
@@ -151,6 +168,18 @@ def to_proto_event(event: NewEvent) -> events_pb2.Event:
             events_pb2.AgentCustomToolUse(
                 name=event.tool_name, input_json=json.dumps(dict(event.tool_input))
             )
+        )
+    elif t == ev.AGENT_MCP_TOOL_USE:
+        out.agent_mcp_tool_use.CopyFrom(
+            events_pb2.AgentMcpToolUse(
+                server_name=event.mcp_server,
+                name=event.mcp_tool,
+                input_json=json.dumps(dict(event.tool_input)),
+            )
+        )
+    elif t == ev.AGENT_MCP_TOOL_RESULT:
+        out.agent_mcp_tool_result.CopyFrom(
+            events_pb2.AgentMcpToolResult(content=_blocks(event.text), is_error=event.is_error)
         )
     elif t == ev.AGENT_TOOL_RESULT:
         out.agent_tool_result.CopyFrom(
@@ -223,6 +252,11 @@ def to_definition(d: definition_pb2.SessionDefinition) -> Definition:
         max_total_tokens=b.max_total_tokens,
         max_model_calls_per_turn=b.max_model_calls_per_turn,
         max_turns=b.max_turns,
+        mcp_servers=tuple(
+            McpServer(m.name, m.url, m.vault_credential_id, m.permission_policy == ask)
+            for m in d.mcp_servers
+        ),
+        vault_credential_ids=tuple(d.vault_credential_ids),
     )
 
 
@@ -376,6 +410,132 @@ class GrpcVault:
                 f"{error.details()})"
             ) from error
         return str(response.session_token)
+
+    async def proxy_stream(
+        self,
+        session_token: str,
+        credential_id: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        timeout_seconds: float,
+    ) -> HttpReply:
+        """POST through `ProxyStream` (the vault injects the credential); the whole scrubbed
+        answer. Raises `grpc.aio.AioRpcError` as the vault answered."""
+        from oma.vault.v1 import vault_pb2
+
+        request = vault_pb2.ProxyStreamRequest(
+            session_token=session_token,
+            credential_id=credential_id,
+            request=vault_pb2.HttpRequest(
+                method="POST",
+                url=url,
+                headers=[vault_pb2.HttpHeader(name=k, value=v) for k, v in headers.items()],
+                body=body,
+            ),
+            timeout=_duration(timeout_seconds),
+        )
+        status = 0
+        reply_headers: dict[str, str] = {}
+        chunks: list[bytes] = []
+        async for part in self._stub.ProxyStream(request):
+            if part.WhichOneof("part") == "head":
+                status = part.head.status_code
+                reply_headers = {h.name.lower(): h.value for h in part.head.headers}
+            else:
+                chunks.append(part.body_chunk)
+        return HttpReply(status, reply_headers, b"".join(chunks))
+
+
+class _SessionExchange:
+    """POSTs to one session's MCP servers: through the vault's proxy with a session token
+    when the server has a credential, directly otherwise."""
+
+    def __init__(
+        self, vault: GrpcVault | None, session_id: str, definition: Definition, timeout: float
+    ) -> None:
+        self._vault = vault
+        self._session_id = session_id
+        # VAULT-TOKEN-003: a harness gets a token only for credentials the definition lists.
+        self._granted = set(definition.vault_credential_ids)
+        self._credentials = sorted(
+            {m.credential_id for m in definition.mcp_servers} & self._granted
+        )
+        self._timeout = timeout
+        self._token = ""
+
+    async def _session_token(self, renew: bool = False) -> str:
+        assert self._vault is not None
+        if renew or not self._token:
+            try:
+                self._token = await self._vault.issue_session_token(
+                    self._session_id, self._credentials
+                )
+            except ToolFailed as error:
+                raise McpUnavailable(str(error)) from error
+        return self._token
+
+    async def post(self, server: McpServer, headers: Mapping[str, str], body: bytes) -> HttpReply:
+        if not server.credential_id:
+            return await self._direct(server, headers, body)
+        if self._vault is None:
+            raise McpUnavailable(
+                f"MCP server {server.name!r} needs vault credential {server.credential_id!r}, "
+                "but this harness was started without --vault"
+            )
+        if server.credential_id not in self._granted:
+            raise McpUnavailable(
+                f"MCP server {server.name!r} needs vault credential {server.credential_id!r}, "
+                "which the session's definition does not list in vault_credential_ids"
+            )
+        for attempt in range(2):
+            token = await self._session_token(renew=attempt > 0)
+            try:
+                return await self._vault.proxy_stream(
+                    token, server.credential_id, server.url, headers, body, self._timeout
+                )
+            except grpc.aio.AioRpcError as error:
+                reason = _reason(error) or error.code().name
+                if reason == "SESSION_TOKEN_INVALID" and attempt == 0:
+                    continue  # expired mid-turn: one fresh token
+                if error.code() in _TRANSIENT:
+                    raise McpUnavailable(
+                        f"MCP server {server.name!r} is unreachable ({reason}: {error.details()})"
+                    ) from error
+                raise McpUnavailable(
+                    f"the vault refused the call to MCP server {server.name!r} ({reason}: "
+                    f"{error.details()})"
+                ) from error
+        raise AssertionError("unreachable")
+
+    async def _direct(
+        self, server: McpServer, headers: Mapping[str, str], body: bytes
+    ) -> HttpReply:
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=self._timeout, trust_env=False) as client:
+                response = await client.post(server.url, headers=dict(headers), content=body)
+        except httpx.HTTPError as error:
+            raise McpUnavailable(
+                f"MCP server {server.name!r} is unreachable ({type(error).__name__}: {error})"
+            ) from error
+        return HttpReply(
+            response.status_code,
+            {k.lower(): v for k, v in response.headers.items()},
+            response.content,
+        )
+
+
+class GrpcMcp:
+    """`McpPort`: MCP clients whose requests go through the vault (see `_SessionExchange`)."""
+
+    def __init__(self, vault: GrpcVault | None, timeout_seconds: float = 120.0) -> None:
+        self._vault = vault
+        self._timeout = timeout_seconds
+
+    def connect(self, session_id: str, definition: Definition) -> McpClient:
+        return McpClient(_SessionExchange(self._vault, session_id, definition, self._timeout))
 
 
 class GrpcSandbox:

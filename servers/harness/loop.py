@@ -23,10 +23,14 @@ import anthropic
 from oma.servers.harness import conversation, faults, tools
 from oma.servers.harness import events as ev
 from oma.servers.harness.context import ContextPolicy, LogSlices, SlidingWindowPolicy
-from oma.servers.harness.events import Definition, LogEvent, NewEvent
-from oma.servers.harness.model import ModelFailure, ModelReply, stream_reply
+from oma.servers.harness.events import Definition, LogEvent, NewEvent, ToolSpec
+from oma.servers.harness.model import ModelFailure, ModelReply, ToolCall, stream_reply
 from oma.servers.harness.ports import (
     Lease,
+    McpConnection,
+    McpPort,
+    McpTool,
+    McpUnavailable,
     SandboxGone,
     SandboxPort,
     SessionPort,
@@ -64,6 +68,13 @@ class Interrupted(Exception):
 
 INTERRUPTED = "The user interrupted the turn before this call ran."
 
+MCP_IN_FLIGHT = (
+    "The harness driving this session stopped while this MCP call was in flight. The call "
+    "may or may not have run on the MCP server, and its result is lost; it was not sent again "
+    "because the server does not declare the tool read-only or idempotent. Check its effects "
+    "before calling it again."
+)
+
 
 def _stored(event: NewEvent, seq: int) -> LogEvent:
     """How `event` reads back from the log once stored at `seq`."""
@@ -93,6 +104,7 @@ class Turn:
         lease: Lease,
         definition: Definition,
         log_events: Sequence[LogEvent],
+        mcp: McpPort | None = None,
     ) -> None:
         self._session = session
         self._sandbox = sandbox
@@ -105,8 +117,16 @@ class Turn:
             )
         self._definition = definition
         self._log = list(log_events)
+        # Events up to here were written before this turn started (by a predecessor, if any).
+        self._start_seq = self.last_seq
         self._tools = tools.complete(definition.tools)
         self._specs = {spec.name: spec for spec in self._tools}
+        self._api_tools = tools.to_api(self._tools)
+        self._mcp_port = mcp
+        self._mcp: McpConnection | None = None
+        self._servers = {server.name: server for server in definition.mcp_servers}
+        # Listed at the start of the turn, by the name the model sees.
+        self._mcp_tools: dict[str, McpTool] = {}
         self._sandbox_id: str | None = None
         self._lost_sandbox = False
         self._interrupt = asyncio.Event()
@@ -114,6 +134,10 @@ class Turn:
     @property
     def session_id(self) -> str:
         return self._lease.session_id
+
+    @property
+    def lease(self) -> Lease:
+        return self._lease
 
     @property
     def turn_id(self) -> str:
@@ -142,6 +166,7 @@ class Turn:
         faults.reach("after_running")
         watcher = asyncio.create_task(self._watch_interrupts(self.last_seq))
         try:
+            await self._list_mcp_tools()
             return await self._steps()
         except Interrupted:
             # No further call starts; calls already asked for get a result, so that every
@@ -151,6 +176,58 @@ class Turn:
             return await self._idle(ev.STOP_END_TURN)
         finally:
             watcher.cancel()
+            if self._mcp is not None:
+                with contextlib.suppress(Exception):
+                    await self._mcp.close()
+
+    def _connect_mcp(self) -> McpConnection | None:
+        if self._mcp is None and self._mcp_port is not None:
+            self._mcp = self._mcp_port.connect(self.session_id, self._definition)
+        return self._mcp
+
+    async def _list_mcp_tools(self) -> None:
+        """Offer the tools of the session's MCP servers to the model, as `<server>__<tool>`.
+        A server that cannot be listed is named in a `session.error`; the turn goes on
+        without its tools."""
+        base = self.last_seq
+        taken = {spec.name for spec in self._tools}
+        offered: list[ToolSpec] = []
+        for index, server in enumerate(self._definition.mcp_servers):
+            self._check_interrupt()
+            connection = self._connect_mcp()
+            try:
+                if connection is None:
+                    raise McpUnavailable("this harness cannot reach MCP servers")
+                listed = await self._interruptible(connection.list_tools(server))
+            except McpUnavailable as error:
+                log.warning("session %s: %s", self.session_id, error)
+                await self._append(
+                    NewEvent(
+                        f"mcp{base}.error{index}",
+                        ev.SESSION_ERROR,
+                        turn_id=self.turn_id,
+                        code="mcp_unavailable",
+                        text=f"The tools of MCP server {server.name!r} are not offered in "
+                        f"this turn: {error}",
+                    )
+                )
+                continue
+            for tool in listed:
+                name = tools.mcp_tool_name(server.name, tool.name)
+                if name in taken:
+                    log.warning(
+                        "session %s: MCP tool %s of %s hides behind another tool named %s",
+                        self.session_id,
+                        tool.name,
+                        server.name,
+                        name,
+                    )
+                    continue
+                taken.add(name)
+                self._mcp_tools[name] = tool
+                offered.append(ToolSpec(name, tool.description, tool.input_schema))
+        if offered:
+            self._api_tools = tools.to_api((*self._tools, *offered))
 
     async def _steps(self) -> str:
         while True:
@@ -220,11 +297,16 @@ class Turn:
 
     async def reschedule(self, reason: str) -> None:
         """Give the session up mid-turn (the harness is shutting down); the log says so, and
-        the next harness to wake it resumes where this one stopped."""
+        the next harness to wake it resumes where this one stopped. A turn already idle (the
+        cancel came between the idle append and the lease release) is left as it is when
+        nothing new needs a harness: a `session.status_rescheduled` after the idle would
+        announce a turn nobody resumes, leaving the session rescheduling forever."""
         self._log.extend(await self._session.read_events(self.session_id, self.last_seq))
+        if not conversation.has_work(self._log):
+            return
         await self._append(NewEvent(f"resched.{self.last_seq}", ev.STATUS_RESCHEDULED, text=reason))
 
-    async def abort(self, error: BaseException) -> None:
+    async def abort(self, error: BaseException) -> str:
         """End a turn that failed unexpectedly: log why and go idle, so that watchers are
         not left waiting. The log is consistent; a new user message starts a new turn."""
         await self._append(
@@ -235,7 +317,7 @@ class Turn:
                 text=f"{type(error).__name__}: {error}",
             )
         )
-        await self._idle(ev.STOP_RETRIES_EXHAUSTED)
+        return await self._idle(ev.STOP_RETRIES_EXHAUSTED)
 
     async def _settle(self, pending: Sequence[LogEvent]) -> list[str]:
         """Run the pending tool calls that may run, record their results, and return the ids
@@ -246,8 +328,7 @@ class Turn:
             if tool_use.type == ev.AGENT_CUSTOM_TOOL_USE:
                 waiting.append(tool_use.tool_use_id)  # the client runs it
                 continue
-            spec = self._specs.get(tool_use.tool_name)
-            if spec is not None and spec.ask:
+            if self._asks(tool_use):
                 answer = conversation.confirmation(self._log, tool_use.tool_use_id)
                 if answer is None:
                     waiting.append(tool_use.tool_use_id)
@@ -258,18 +339,50 @@ class Turn:
                         tool_use, ToolOutput(f"The user denied this call{reason}", True)
                     )
                     continue
-            await self._record(tool_use, await self._run_tool(tool_use))
+            if tool_use.type == ev.AGENT_MCP_TOOL_USE:
+                output = await self._run_mcp(tool_use)
+            else:
+                output = await self._run_tool(tool_use)
+            await self._record(tool_use, output)
         return waiting
 
-    def _use_type(self, tool_name: str) -> str:
-        spec = self._specs.get(tool_name)
-        return ev.AGENT_CUSTOM_TOOL_USE if spec is not None and spec.custom else ev.AGENT_TOOL_USE
+    def _asks(self, tool_use: LogEvent) -> bool:
+        """Whether the call waits for a `user.tool_confirmation` (permission "always ask")."""
+        if tool_use.type == ev.AGENT_MCP_TOOL_USE:
+            server = self._servers.get(tool_use.mcp_server)
+            return server is not None and server.ask
+        spec = self._specs.get(tool_use.tool_name)
+        return spec is not None and spec.ask
+
+    def _use_event(self, call: ToolCall) -> NewEvent:
+        mcp_tool = self._mcp_tools.get(call.name)
+        if mcp_tool is not None:
+            return NewEvent(
+                f"use.{call.id}",
+                ev.AGENT_MCP_TOOL_USE,
+                turn_id=self.turn_id,
+                tool_use_id=call.id,
+                tool_name=call.name,
+                tool_input=call.input,
+                mcp_server=mcp_tool.server,
+                mcp_tool=mcp_tool.name,
+            )
+        spec = self._specs.get(call.name)
+        return NewEvent(
+            f"use.{call.id}",
+            ev.AGENT_CUSTOM_TOOL_USE if spec is not None and spec.custom else ev.AGENT_TOOL_USE,
+            turn_id=self.turn_id,
+            tool_use_id=call.id,
+            tool_name=call.name,
+            tool_input=call.input,
+        )
 
     async def _record(self, tool_use: LogEvent, output: ToolOutput) -> None:
+        mcp = tool_use.type == ev.AGENT_MCP_TOOL_USE
         await self._append(
             NewEvent(
                 f"result.{tool_use.tool_use_id}",
-                ev.AGENT_TOOL_RESULT,
+                ev.AGENT_MCP_TOOL_RESULT if mcp else ev.AGENT_TOOL_RESULT,
                 turn_id=self.turn_id,
                 tool_use_id=tool_use.tool_use_id,
                 tool_name=tool_use.tool_name,
@@ -312,7 +425,7 @@ class Turn:
                         model=d.model,
                         system=d.system,
                         messages=messages,
-                        tools=tools.to_api(self._tools),
+                        tools=self._api_tools,
                         max_tokens=d.max_tokens,
                         user_id=self.session_id,
                         cache=self._config.prompt_caching,
@@ -357,17 +470,7 @@ class Turn:
                 batch.append(
                     NewEvent(f"m{base}.message", ev.AGENT_MESSAGE, turn_id=turn, text=reply.text)
                 )
-            batch.extend(
-                NewEvent(
-                    f"use.{c.id}",
-                    self._use_type(c.name),
-                    turn_id=turn,
-                    tool_use_id=c.id,
-                    tool_name=c.name,
-                    tool_input=c.input,
-                )
-                for c in reply.tool_calls
-            )
+            batch.extend(self._use_event(c) for c in reply.tool_calls)
             batch.append(
                 NewEvent(
                     f"m{base}.end",
@@ -406,6 +509,45 @@ class Turn:
             await self._session.publish_preview(self._lease, after_seq, text)
         except Exception as error:  # previews are best-effort; the stored message is the truth
             log.debug("preview dropped: %s", error)
+
+    def _maybe_sent(self, tool_use: LogEvent) -> bool:
+        """Whether an earlier harness may have sent this call before it stopped: the call was
+        in the log when this turn started and could run then (no confirmation was awaited,
+        or a turn started after the user allowed it)."""
+        if tool_use.seq > self._start_seq:
+            return False
+        if not self._asks(tool_use):
+            return True
+        answer = conversation.confirmation(self._log, tool_use.tool_use_id)
+        return answer is not None and any(
+            e.type == ev.STATUS_RUNNING and answer.seq < e.seq <= self._start_seq for e in self._log
+        )
+
+    async def _run_mcp(self, tool_use: LogEvent) -> ToolOutput:
+        """Call an MCP tool through the vault's proxy. MCP has no execution id: a call a
+        crashed predecessor may have sent is sent again only when the server declares the
+        tool read-only or idempotent (HARNESS-MCP-002)."""
+        server = self._servers.get(tool_use.mcp_server)
+        if server is None:
+            return ToolOutput(
+                f"MCP server {tool_use.mcp_server!r} is not part of this session.", True
+            )
+        if self._maybe_sent(tool_use):
+            listed = self._mcp_tools.get(tool_use.tool_name)
+            if listed is None or not listed.safe_to_repeat:
+                return ToolOutput(MCP_IN_FLIGHT, True)
+        connection = self._connect_mcp()
+        if connection is None:
+            return ToolOutput(
+                "The MCP tool could not be called: this harness cannot reach MCP servers.", True
+            )
+        try:
+            return await connection.call_tool(server, tool_use.mcp_tool, tool_use.tool_input)
+        except McpUnavailable as error:
+            log.warning(
+                "session %s: MCP call %s failed: %s", self.session_id, tool_use.tool_use_id, error
+            )
+            return ToolOutput(f"The MCP tool could not be called: {error}", True)
 
     async def _run_tool(self, tool_use: LogEvent) -> ToolOutput:
         if not tools.is_sandbox_tool(tool_use.tool_name):

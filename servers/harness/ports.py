@@ -1,4 +1,4 @@
-"""What the loop needs from the session and sandbox services, as protocols.
+"""What the loop needs from the session and sandbox services and MCP servers, as protocols.
 
 `grpc_ports` implements them over the OMA contracts; the loop depends only on these, so it
 never sees a stub, a status code or a protobuf message.
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from oma.servers.harness.events import Definition, Environment, LogEvent, NewEvent
+from oma.servers.harness.events import Definition, Environment, LogEvent, McpServer, NewEvent
 
 
 class LeaseHeld(Exception):
@@ -43,6 +43,24 @@ class ToolFailed(Exception):
 
 class SandboxGone(Exception):
     """The sandbox died or no longer exists; a new one must be provisioned."""
+
+
+class McpUnavailable(Exception):
+    """An MCP server could not be used: unreachable, refused by the vault's proxy, an HTTP
+    error, or an MCP (JSON-RPC) error. The message says which, for a person or the model."""
+
+
+@dataclass(frozen=True)
+class McpTool:
+    """A tool an MCP server lists (`tools/list`)."""
+
+    server: str
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    # The server declares the tool read-only or idempotent (`annotations.readOnlyHint` /
+    # `idempotentHint`): a call interrupted by a crash may be sent again.
+    safe_to_repeat: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,4 +124,28 @@ class SandboxPort(Protocol):
 
     async def destroy(self, sandbox_id: str) -> None:
         """Best-effort, idempotent teardown of a sandbox found dead."""
+        ...
+
+
+class McpConnection(Protocol):
+    """The MCP servers of one session, for one turn (it may keep MCP sessions open)."""
+
+    async def list_tools(self, server: McpServer) -> list[McpTool]:
+        """Every tool the server lists; raise `McpUnavailable`."""
+        ...
+
+    async def call_tool(
+        self, server: McpServer, tool: str, arguments: Mapping[str, Any]
+    ) -> ToolOutput:
+        """Call a tool once: its result (an `is_error` one when the tool failed); raise
+        `McpUnavailable` when the call could not be made or the server answered an error."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class McpPort(Protocol):
+    def connect(self, session_id: str, definition: Definition) -> McpConnection:
+        """A connection to the session's MCP servers, with the credentials its definition
+        grants (a vault session token, obtained when first needed)."""
         ...

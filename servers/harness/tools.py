@@ -2,12 +2,15 @@
 
 The sandbox tools follow Anthropic's agent toolset (`bash`, `read`, `write`, `edit`, `glob`,
 `grep`); the harness routes them to `SandboxService.Execute`. A session definition that names
-one of them without a schema gets the schema below.
+one of them without a schema gets the schema below. MCP tools are offered as
+`<server>__<tool>` (`mcp_tool_name`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -107,3 +110,23 @@ def to_api(specs: Iterable[ToolSpec]) -> list[dict[str, Any]]:
         }
         for s in specs
     ]
+
+
+# The Messages API's rule for tool names.
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Server names that end at the first `__` of a namespaced name, so that name is unambiguous.
+_PLAIN_SERVER = re.compile(r"^[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*$")
+
+
+def mcp_tool_name(server: str, tool: str) -> str:
+    """The name the model sees for `tool` of MCP server `server`: `<server>__<tool>` when that
+    is a valid tool name that only this pair produces; otherwise the same shape with invalid
+    characters replaced and cut short, plus a hash of the pair (so distinct pairs stay
+    distinct). A pure function of the pair, so a name read back from the log always maps to
+    the same server and tool."""
+    name = f"{server}__{tool}"
+    if TOOL_NAME.match(name) and _PLAIN_SERVER.match(server):
+        return name
+    digest = hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[:8]
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", name)[: 64 - 9]
+    return f"{cleaned}_{digest}"

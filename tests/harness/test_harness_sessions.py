@@ -116,8 +116,8 @@ async def test_a_session_without_tools_never_gets_a_sandbox(
     assert end.usage.cache_creation_input_tokens > 0 and end.usage.output_tokens > 0
     assert payload(events, "session.status_idle")[0].stop_reason == 1  # END_TURN
     assert await local_client.sandboxes_of(session_id, include_terminated=True) == []
-    # Waking an idle session again does nothing.
-    await harness.driver.task(session_id)  # the turn has released its lease
+    # Waking the session as soon as it is idle does nothing, even before the turn's task
+    # has released its lease (HARNESS-WAKE-003).
     again = await wake(local_peers, harness.address, session_id)
     assert again.outcome == harness_pb2.WAKE_OUTCOME_NOTHING_TO_DO
 
