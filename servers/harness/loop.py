@@ -89,6 +89,8 @@ def _stored(event: NewEvent, seq: int) -> LogEvent:
         is_error=event.is_error,
         stop_reason=event.stop_reason,
         usage=event.usage,
+        mcp_server=event.mcp_server,
+        mcp_tool=event.mcp_tool,
     )
 
 
