@@ -52,11 +52,25 @@ from oma.servers.harness.events import LogEvent
 
 Message = dict[str, Any]
 
-_REPLY = (ev.AGENT_MESSAGE, ev.AGENT_TOOL_USE, ev.AGENT_CUSTOM_TOOL_USE)
-_USES = (ev.AGENT_TOOL_USE, ev.AGENT_CUSTOM_TOOL_USE)
-_RESULTS = (ev.AGENT_TOOL_RESULT, ev.USER_CUSTOM_TOOL_RESULT)
-_CONVERSATION = (ev.USER_MESSAGE, *_REPLY, *_RESULTS)
 EPHEMERAL = {"type": "ephemeral"}
+
+
+# By name rather than by list, so that every kind of tool call (sandbox, custom, MCP, and
+# kinds added later) is cut and paired alike: `agent.<kind>tool_use` and `<...>tool_result`.
+def _is_use(event: LogEvent) -> bool:
+    return event.type.startswith("agent.") and event.type.endswith("tool_use")
+
+
+def _is_result(event: LogEvent) -> bool:
+    return event.type.endswith("tool_result")
+
+
+def _is_reply(event: LogEvent) -> bool:
+    return event.type == ev.AGENT_MESSAGE or _is_use(event)
+
+
+def _in_conversation(event: LogEvent) -> bool:
+    return event.type == ev.USER_MESSAGE or _is_reply(event) or _is_result(event)
 
 
 class EventSlices(Protocol):
@@ -181,7 +195,7 @@ def estimate_tokens(value: Any, chars_per_token: float) -> int:
 
 
 def _event_tokens(event: LogEvent, chars_per_token: float) -> int:
-    if event.type not in _CONVERSATION:
+    if not _in_conversation(event):
         return 0
     size = len(event.text) + len(event.tool_use_id) + len(event.tool_name)
     if event.tool_input:
@@ -255,7 +269,7 @@ class SlidingWindowPolicy:
         while True:
             batch = await events.read(after_seq=after, limit=self.page)
             for event in batch:
-                if event.type in _REPLY:
+                if _is_reply(event):
                     return task, after
                 if event.type == ev.USER_MESSAGE and event.text:
                     task.append(event)
@@ -338,8 +352,8 @@ class SlidingWindowPolicy:
                 *await self._between(events, start - 1, fits_from),
                 *window,
             ]
-        uses = {e.tool_use_id for e in window if e.type in _USES}
-        window = [e for e in window if e.type not in _RESULTS or e.tool_use_id in uses]
+        uses = {e.tool_use_id for e in window if _is_use(e)}
+        window = [e for e in window if not _is_result(e) or e.tool_use_id in uses]
         leading = await self._current_request(events, task_end, start)
         marker = LogEvent(
             seq=start - 1,

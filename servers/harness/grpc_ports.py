@@ -350,6 +350,37 @@ class GrpcSession:
             if not token:
                 return out
 
+    async def read_slice(
+        self,
+        session_id: str,
+        *,
+        after_seq: int,
+        before_seq: int,
+        limit: int,
+        newest_first: bool,
+        types: Sequence[str],
+    ) -> list[LogEvent]:
+        """One `GetEvents` page: at most `limit` events between the seqs (positional slices
+        for a context policy, `SessionSlices`)."""
+        order = (
+            session_service_pb2.EVENT_ORDER_DESCENDING
+            if newest_first
+            else session_service_pb2.EVENT_ORDER_ASCENDING
+        )
+        request = session_service_pb2.GetEventsRequest(
+            session_id=session_id,
+            after_seq=after_seq,
+            before_seq=before_seq,
+            page_size=limit,
+            order=order,
+            types=list(types),
+        )
+        try:
+            response = await _retrying(partial(self._stub.GetEvents, request))
+        except grpc.aio.AioRpcError as error:
+            raise self._session_error(error, session_id) from error
+        return [to_log_event(e) for e in response.events]
+
     async def append(self, lease: Lease, events: Sequence[NewEvent]) -> list[int]:
         request = session_service_pb2.AppendEventsRequest(
             session_id=lease.session_id,
