@@ -35,7 +35,7 @@ class HarnessServicer(harness_pb2_grpc.HarnessServiceServicer):
             implementation="oma-reference",
             version=__version__,
             api_versions=["oma.harness.v1"],
-            features=["harness.previews", "harness.sandbox_tools"],
+            features=["harness.previews", "harness.sandbox_tools", "harness.mcp_tools"],
             limits={
                 "harness.max_model_retries": config.loop.max_model_retries,
                 "harness.lease_ttl_ms": int(config.lease_ttl_seconds * 1000),

@@ -83,6 +83,34 @@ of the turn still without a result MUST get an `is_error` result saying it was i
 (so each call keeps its result), and the turn ends idle with `end_turn`. The harness learns
 of the interrupt by following the log (`StreamEvents`), not by polling.
 
+[HARNESS-MCP-001] At the start of a turn the harness MUST list the tools of every MCP server
+of the session's definition (`SessionDefinition.mcp_servers`; MCP streamable HTTP,
+`initialize` then `tools/list`) and offer them to the model as `<server>__<tool>` (a name
+that breaks the Messages API's tool-name rules, or that two pairs could share, is cut short
+and suffixed with a hash of the pair). A request to a server with a `vault_credential_id`
+MUST go through `VaultService.ProxyStream` (or `Proxy`) with a vault session token for the
+session, so that the harness never holds the server's credential. A model call of such a
+tool MUST be recorded as `agent.mcp_tool_use` (server and tool name) and its result as
+`agent.mcp_tool_result`, never as `agent.tool_use` / `agent.tool_result`, and the call
+MUST NOT provision a sandbox. A server that cannot be listed is reported as a
+`session.error` with code `mcp_unavailable`, and the turn goes on without its tools.
+
+[HARNESS-MCP-002] An `agent.mcp_tool_use` whose `agent.mcp_tool_result` is already in the log
+MUST NOT be sent again. MCP has no execution id, so a call that a harness sent just before
+it died cannot be recognised by the server when a successor sends it again: the reference
+harness therefore sends such an interrupted call again only when the server's listing
+declares the tool read-only or idempotent (`annotations.readOnlyHint` /
+`idempotentHint`); otherwise it records an `is_error` result telling the model that the
+call may or may not have run. MCP calls are thus at most once for tools with side effects
+(a crash can lose the result, never repeat the call) and at least once for tools declared
+safe to repeat; no harness can make them exactly once.
+
+[HARNESS-MCP-003] A failed MCP call (server unreachable, a refusal by the vault's proxy, an
+HTTP error, an MCP or JSON-RPC error, or a result with `isError`) MUST become an
+`agent.mcp_tool_result` with `is_error` set that the model sees; it MUST NOT end the session.
+A server with the permission policy "always ask" makes its calls wait for a
+`user.tool_confirmation`, as HARNESS-ACTION-002 describes.
+
 A harness rebuilds every request from the log, which only grows at its end, so the prompt
 of one call is a prefix of the next: the reference harness asks the model API to cache it
 (automatic prompt caching), and later calls report the prefix in `cache_read_input_tokens`.
@@ -122,7 +150,7 @@ class HarnessServiceStub:
     def __new__(cls, channel: _aio.Channel) -> HarnessServiceAsyncStub: ...
     GetCapabilities: _grpc.UnaryUnaryMultiCallable[_harness_pb2.GetCapabilitiesRequest, _harness_pb2.GetCapabilitiesResponse]
     """Describes this harness: implementation, contract versions, optional features
-    (`harness.previews`, `harness.sandbox_tools`) and limits (`harness.max_model_retries`,
+    (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits (`harness.max_model_retries`,
     `harness.lease_ttl_ms`).
 
     Any role may call it; it is idempotent and has no side effect.
@@ -170,7 +198,7 @@ class HarnessServiceAsyncStub(HarnessServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetCapabilities: _aio.UnaryUnaryMultiCallable[_harness_pb2.GetCapabilitiesRequest, _harness_pb2.GetCapabilitiesResponse]  # type: ignore[assignment]
     """Describes this harness: implementation, contract versions, optional features
-    (`harness.previews`, `harness.sandbox_tools`) and limits (`harness.max_model_retries`,
+    (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits (`harness.max_model_retries`,
     `harness.lease_ttl_ms`).
 
     Any role may call it; it is idempotent and has no side effect.
@@ -221,7 +249,7 @@ class HarnessServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_harness_pb2.GetCapabilitiesResponse, _abc.Awaitable[_harness_pb2.GetCapabilitiesResponse]]:
         """Describes this harness: implementation, contract versions, optional features
-        (`harness.previews`, `harness.sandbox_tools`) and limits (`harness.max_model_retries`,
+        (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits (`harness.max_model_retries`,
         `harness.lease_ttl_ms`).
 
         Any role may call it; it is idempotent and has no side effect.
