@@ -55,7 +55,7 @@ class HarnessServiceServicer:
 
     def GetCapabilities(self, request, context):
         """Describes this harness: implementation, contract versions, optional features
-        (`harness.previews`, `harness.sandbox_tools`) and limits (`harness.max_model_retries`,
+        (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits (`harness.max_model_retries`,
         `harness.lease_ttl_ms`).
 
         Any role may call it; it is idempotent and has no side effect.
