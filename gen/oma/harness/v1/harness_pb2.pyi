@@ -111,9 +111,31 @@ HTTP error, an MCP or JSON-RPC error, or a result with `isError`) MUST become an
 A server with the permission policy "always ask" makes its calls wait for a
 `user.tool_confirmation`, as HARNESS-ACTION-002 describes.
 
-A harness rebuilds every request from the log, which only grows at its end, so the prompt
-of one call is a prefix of the next: the reference harness asks the model API to cache it
-(automatic prompt caching), and later calls report the prefix in `cache_read_input_tokens`.
+[HARNESS-CONTEXT-001] A harness MUST NOT compact, rewrite or trim the session log to fit a
+model's context window: the log is the record, and what a model request holds is the
+harness's choice. When the conversation outgrows the model's context, a request MUST keep
+each `tool_use` together with its `tool_result` (both or neither), MUST keep roles
+alternating, and MUST end with the latest events, so that the model answers what is
+current; it SHOULD keep the task (the user messages before the model's first reply) and say
+in a short text which events were left out. A harness SHOULD read what it needs as
+positional slices of `GetEvents` (`after_seq`, `before_seq`, `page_size`, `order`) rather
+than the whole log for every request.
+
+How the reference harness chooses is a replaceable policy object (`SlidingWindowPolicy` in
+`servers/harness/context.py`), so that model assumptions stay out of the loop. While the
+estimated prompt fits a token budget (set per harness: `--context-budget-tokens`) a request
+holds the whole conversation. Beyond it, a request holds the task, a marker text naming the
+seqs left out, the user messages of the turn the window starts in, and a window of the most
+recent events that begins where a model request began (so pairs stay whole). For the prompt
+cache, the task's last block carries a `cache_control` breakpoint, so system prompt, tools
+and task form a prefix that every request shares; and the window's start moves in coarse
+steps (to the first model request after a multiple of `--context-step-events` seqs), so
+between two moves each request extends the previous one.
+
+A harness rebuilds every request from the log, which only grows at its end, so (until the
+window moves) the prompt of one call is a prefix of the next: the reference harness asks the
+model API to cache it (automatic prompt caching), and later calls report the prefix in
+`cache_read_input_tokens`.
 """
 
 from google.protobuf import descriptor as _descriptor
