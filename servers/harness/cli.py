@@ -48,6 +48,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="session lease lifetime; renewed every third of it (default 30)",
     )
+    context = parser.add_argument_group(
+        "context",
+        "What each model request holds once a conversation outgrows the model's context "
+        "(the log itself is never trimmed): the task, a note of what is left out, and the "
+        "most recent events, in a window that moves in coarse steps so that the prompt "
+        "cache keeps hitting (HARNESS-CONTEXT-001).",
+    )
+    context.add_argument(
+        "--context-budget-tokens",
+        type=int,
+        default=150_000,
+        metavar="N",
+        help="estimated prompt tokens (system, tools, messages) a request may hold; leave "
+        "room for the reply below the model's context size (default 150000)",
+    )
+    context.add_argument(
+        "--context-step-events",
+        type=int,
+        default=32,
+        metavar="N",
+        help="the window's start moves in steps of this many log events; larger steps keep "
+        "the cache hitting longer but send fewer events after a move (default 32)",
+    )
     worker = parser.add_argument_group(
         "worker mode",
         "With --worker the harness also takes sessions by itself: the session service pushes "
@@ -82,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from oma.runtime.server import run_until_signal
     from oma.servers.harness import faults
     from oma.servers.harness.app import HarnessConfig, start_harness
+    from oma.servers.harness.context import SlidingWindowPolicy
     from oma.servers.harness.driver import DriverConfig
     from oma.servers.harness.loop import LoopConfig
 
@@ -95,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--lease-ttl-seconds must be > 0")
     if args.max_sessions < 1:
         raise SystemExit("--max-sessions must be >= 1")
+    if args.context_budget_tokens < 1 or args.context_step_events < 1:
+        raise SystemExit("--context-budget-tokens and --context-step-events must be >= 1")
     options = server_options_from_args(args)
     try:
         faults.validate()
@@ -108,7 +134,13 @@ def run(args: argparse.Namespace) -> int:
         model_base_url=args.model_base_url,
         driver=DriverConfig(
             lease_ttl_seconds=args.lease_ttl_seconds,
-            loop=LoopConfig(max_model_retries=args.max_model_retries),
+            loop=LoopConfig(
+                max_model_retries=args.max_model_retries,
+                context=SlidingWindowPolicy(
+                    budget_tokens=args.context_budget_tokens,
+                    step_events=args.context_step_events,
+                ),
+            ),
         ),
     )
 
