@@ -95,22 +95,15 @@ class Limits:
 
 
 @dataclass
-class PreparedEvent:
-    """One validated event of a batch. `body` is the event serialized without its seq and
-    create_time, which the store appends as wire fields once it has allocated them."""
-
-    event: events_pb2.Event
-    type: str
-    body: bytes
-
-
-@dataclass
 class PreparedBatch:
     """A validated batch and what storing it does to the session row, folded in advance so
-    the store's transaction only has to offset indexes by the allocated seq."""
+    the store's transaction only has to offset indexes by the allocated seq. `bodies[i]` is
+    event i serialized without its seq and create_time, which the store appends as wire
+    fields once it has allocated them."""
 
-    events: list[PreparedEvent]
     ids: list[str]
+    types: list[str]
+    bodies: list[bytes]
     needs_lease: bool
     last_client_index: int = -1  # index of the last user.* event, -1 if none
     last_status_index: int = -1  # index of the last session.status_* event, -1 if none
@@ -128,6 +121,33 @@ def check_id(value: str, field: str, reason: str = "INVALID_FIELD") -> None:
         )
 
 
+def _type_field(event_type: str) -> bytes:
+    """`type` (field 4 of Event) as wire bytes."""
+    raw = event_type.encode()
+    assert len(raw) < 0x80
+    return b"\x22" + bytes((len(raw),)) + raw
+
+
+# What the append loop needs per payload field, looked up once per event:
+# (type, kind, the type as wire bytes, whether the payload has more to check than presence).
+_CLIENT, _HARNESS, _SERVER = 0, 1, 2
+_FIELD_INFO: dict[str | None, tuple[str, int, bytes, bool]] = {
+    field: (
+        event_type,
+        _CLIENT
+        if event_type in CLIENT_TYPES
+        else _SERVER
+        if event_type in SERVER_TYPES
+        else _HARNESS,
+        _type_field(event_type),
+        event_type in _CHECKED_TYPES,
+    )
+    for field, event_type in TYPE_OF_FIELD.items()
+}
+# Payloads whose only extra check is non-empty content (the common case, checked inline).
+_CONTENT_FIELDS = frozenset({"user_message", "agent_message"})
+
+
 def prepare_batch(
     events: Sequence[events_pb2.Event], *, may_write_harness_events: bool, limits: Limits
 ) -> PreparedBatch:
@@ -135,60 +155,69 @@ def prepare_batch(
     event's type. Raises InvalidArgument; nothing is stored by this function."""
     if not events:
         raise InvalidArgument("INVALID_FIELD", "events is empty: send 1 or more", field="events")
-    if len(events) > limits.max_batch_events:
+    count = len(events)
+    if count > limits.max_batch_events:
         raise InvalidArgument(
             "BATCH_TOO_LARGE",
-            f"the batch holds {len(events)} events; the limit (session.max_batch_events) is "
+            f"the batch holds {count} events; the limit (session.max_batch_events) is "
             f"{limits.max_batch_events}: split it",
             field="events",
             limit=str(limits.max_batch_events),
         )
-    prepared: list[PreparedEvent] = []
-    ids: list[str] = []
-    seen: set[str] = set()
+    # This function is on the hot path of every append: the id checks run over the whole
+    # batch at C speed, and error texts are built only when an error is raised.
+    ids = [event.id for event in events]
+    if not all(map(ID_PATTERN.match, ids)):
+        for index, event_id in enumerate(ids):
+            check_id(event_id, f"events[{index}].id", "INVALID_EVENT_ID")
+    if len(set(ids)) != count:
+        seen: set[str] = set()
+        for index, event_id in enumerate(ids):
+            if event_id in seen:
+                raise InvalidArgument(
+                    "INVALID_FIELD",
+                    f"events[{index}].id {event_id!r} appears twice in the batch; ids are "
+                    "unique per session",
+                    field=f"events[{index}].id",
+                )
+            seen.add(event_id)
+    types: list[str] = []
+    bodies: list[bytes] = []
+    max_event_bytes = limits.max_event_bytes
     total = 0
     needs_lease = False
     last_client_index = last_status_index = last_idle_index = -1
     last_status = last_stop_reason = 0
-    # The per-event loop is on the hot path of every append: error texts are built only when
-    # an error is raised.
+    last = count - 1
     for index, event in enumerate(events):
-        event_id = event.id
-        if not ID_PATTERN.match(event_id):
-            check_id(event_id, f"events[{index}].id", "INVALID_EVENT_ID")
-        if event_id in seen:
-            raise InvalidArgument(
-                "INVALID_FIELD",
-                f"events[{index}].id {event_id!r} appears twice in the batch; ids are unique "
-                "per session",
-                field=f"events[{index}].id",
-            )
-        seen.add(event_id)
-        size = event.ByteSize()
-        if size > limits.max_event_bytes:
+        # Output-only fields are the server's. When a writer sent none of them (the common
+        # case) the event is serialized once, its size is that serialization's, and the type
+        # is appended to it as a wire field (parsers take fields in any order).
+        clean = not (event.seq or event.type or event.HasField("create_time"))
+        raw = event.SerializeToString() if clean else b""
+        size = len(raw) if clean else event.ByteSize()
+        if size > max_event_bytes:
             raise InvalidArgument(
                 "EVENT_TOO_LARGE",
                 f"events[{index}] is {size} bytes; the limit (session.max_event_bytes) is "
-                f"{limits.max_event_bytes}",
+                f"{max_event_bytes}",
                 field=f"events[{index}]",
-                limit=str(limits.max_event_bytes),
+                limit=str(max_event_bytes),
             )
         total += size
         field = event.WhichOneof("payload")
-        if field is None:
+        info = _FIELD_INFO.get(field)
+        if info is None:
             raise InvalidArgument(
                 "INVALID_EVENT",
                 f"events[{index}] has no payload: set exactly one",
                 field=f"events[{index}]",
             )
-        event_type = TYPE_OF_FIELD[field]
-        if event_type in SERVER_TYPES:
-            raise InvalidArgument(
-                "INVALID_EVENT",
-                f"events[{index}] is {event_type}, which only CreateSession writes",
-                field=f"events[{index}]",
-            )
-        if event_type in HARNESS_TYPES:
+        assert field is not None
+        event_type, kind, type_wire, checked = info
+        if kind == _CLIENT:
+            last_client_index = index
+        elif kind == _HARNESS:
             if not may_write_harness_events:
                 raise InvalidArgument(
                     "INVALID_EVENT",
@@ -197,32 +226,39 @@ def prepare_batch(
                     field=f"events[{index}]",
                 )
             needs_lease = True
-        if event_type == "session.status_terminated" and index != len(events) - 1:
-            raise InvalidArgument(
-                "INVALID_EVENT",
-                f"events[{index}] is session.status_terminated, which must be the last event of "
-                "its batch: nothing can follow it",
-                field=f"events[{index}]",
-            )
-        if event_type in _CHECKED_TYPES or event.tool_use_id or event.turn_id:
-            _check_payload(event, field, event_type, f"events[{index}]")
-        # Output-only fields are the server's: drop what a writer may have sent.
-        if event.seq:
-            event.seq = 0
-        if event.HasField("create_time"):
-            event.ClearField("create_time")
-        event.type = event_type
-        prepared.append(PreparedEvent(event, event_type, event.SerializeToString()))
-        ids.append(event_id)
-        if event_type in CLIENT_TYPES:
-            last_client_index = index
-        else:
             status = STATUS_OF_TYPE.get(event_type)
             if status is not None:
+                if status == STATUS_TERMINATED and index != last:
+                    raise InvalidArgument(
+                        "INVALID_EVENT",
+                        f"events[{index}] is session.status_terminated, which must be the last "
+                        "event of its batch: nothing can follow it",
+                        field=f"events[{index}]",
+                    )
                 last_status_index, last_status = index, status
                 if status == STATUS_IDLE:
                     last_idle_index = index
                     last_stop_reason = event.session_status_idle.stop_reason
+        else:
+            raise InvalidArgument(
+                "INVALID_EVENT",
+                f"events[{index}] is {event_type}, which only CreateSession writes",
+                field=f"events[{index}]",
+            )
+        if field in _CONTENT_FIELDS:
+            # _check_payload's rules for these payloads, inline; it raises the precise error.
+            if event.tool_use_id or len(event.turn_id) > 256 or not getattr(event, field).content:
+                _check_payload(event, field, event_type, f"events[{index}]")
+        elif checked or event.tool_use_id or event.turn_id:
+            _check_payload(event, field, event_type, f"events[{index}]")
+        if clean:
+            bodies.append(raw + type_wire)
+        else:
+            event.seq = 0
+            event.ClearField("create_time")
+            event.type = event_type
+            bodies.append(event.SerializeToString())
+        types.append(event_type)
     if total > limits.max_batch_bytes:
         raise InvalidArgument(
             "BATCH_TOO_LARGE",
@@ -232,8 +268,9 @@ def prepare_batch(
             limit=str(limits.max_batch_bytes),
         )
     return PreparedBatch(
-        prepared,
         ids,
+        types,
+        bodies,
         needs_lease,
         last_client_index,
         last_status_index,

@@ -701,8 +701,14 @@ def _plan_append(
     stamp = _timestamp_field(now)
     pk = state.pk
     rows = [
-        (pk, seq, item.event.id, item.type, item.body + b"\x10" + _varint(seq) + stamp)
-        for seq, item in enumerate(batch.events, start=first_seq)
+        (pk, seq, event_id, event_type, body + b"\x10" + _varint(seq) + stamp)
+        for seq, event_id, event_type, body in zip(
+            range(first_seq, first_seq + len(batch.ids)),
+            batch.ids,
+            batch.types,
+            batch.bodies,
+            strict=True,
+        )
     ]
     state.last_seq = first_seq + len(rows) - 1
     state.update_time_us = now
@@ -749,6 +755,13 @@ def _check_fencing(state: SessionState, token: int, at_us: int) -> None:
 
 
 def _varint(value: int) -> bytes:
+    # Seqs below 2**21 (three bytes) are the common case on the append path.
+    if value < 0x80:
+        return bytes((value,))
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes((value & 0x7F | 0x80, (value >> 7) & 0x7F | 0x80, value >> 14))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
