@@ -9,6 +9,8 @@ each one as a single unit:
   (so writers in other processes queue on SQLite's lock instead of failing at commit); reads
   run on a small pool of reader threads, concurrently with the writer (WAL). One thread hop per
   transaction: an async driver would hop threads for every cursor call (about 20 per append).
+  The append hot path (`write_sqlite`) runs on the writer thread's own pooled sqlite3
+  connection with the same pragmas, issuing BEGIN IMMEDIATE / COMMIT itself.
 - PostgreSQL: the async asyncpg engine; the function runs through `AsyncConnection.run_sync`.
 
 Both refuse to start unless acknowledged commits are durable: SQLite WAL with
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -99,6 +102,7 @@ class Database:
         self.url = url
         self.dialect = url.get_backend_name()
         self._sqlite_writer: Engine | None = None
+        self._raw_writer: Any = None  # the writer thread's own pooled DBAPI connection
         self._sqlite_reader: Engine | None = None
         self._async_engine: AsyncEngine | None = None
         self._write_thread: ThreadPoolExecutor | None = None
@@ -108,7 +112,8 @@ class Database:
             if url.database:
                 Path(url.database).parent.mkdir(parents=True, exist_ok=True)
                 self._lock_file = _lock_single_server(Path(url.database))
-            self._sqlite_writer = sqlite_engine(url, immediate=True, pool_size=1)
+            # Two: one for `write`, one held by the writer thread for `write_sqlite`.
+            self._sqlite_writer = sqlite_engine(url, immediate=True, pool_size=2)
             self._sqlite_reader = sqlite_engine(url, immediate=False, pool_size=_READER_THREADS)
             self._write_thread = ThreadPoolExecutor(1, thread_name_prefix="oma-session-write")
             self._read_threads = ThreadPoolExecutor(
@@ -141,6 +146,51 @@ class Database:
         async with self._async_engine.begin() as conn:
             return await conn.run_sync(fn)
 
+    async def write_sqlite(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """SQLite only: run `fn` on the writer thread's sqlite3 connection inside
+        `BEGIN IMMEDIATE` ... `COMMIT` (rolled back if it raises). Same thread, pragmas and
+        durability as `write`, without SQLAlchemy's per-transaction machinery: the append hot
+        path, where the writer thread should hold the GIL for as little Python as possible."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._write_thread, self._raw_transaction, fn
+        )
+
+    def _raw_transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._raw_writer_connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return result
+
+    def _raw_writer_connection(self) -> sqlite3.Connection:
+        """Runs on the writer thread. Checked out of the writer engine's pool, so its connect
+        hook set WAL and synchronous=FULL; checked again here before its first use."""
+        if self._raw_writer is None:
+            assert self._sqlite_writer is not None
+            fairy = self._sqlite_writer.raw_connection()
+            conn = fairy.driver_connection
+            assert conn is not None
+            journal = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            sync = conn.execute("PRAGMA synchronous").fetchone()[0]
+            try:
+                check_settings(
+                    "sqlite",
+                    {"journal_mode": str(journal).lower(), "synchronous": str(sync)},
+                    str(self.url.database),
+                )
+            except DurabilityError:
+                fairy.close()
+                raise
+            self._raw_writer = fairy
+        conn = self._raw_writer.driver_connection
+        assert isinstance(conn, sqlite3.Connection)
+        return conn
+
     @contextlib.asynccontextmanager
     async def asyncpg_transaction(self) -> AsyncIterator[Any]:
         """PostgreSQL only: a pooled connection's asyncpg driver connection inside a transaction,
@@ -172,12 +222,15 @@ class Database:
     async def close(self) -> None:
         if self._async_engine is not None:
             await self._async_engine.dispose()
-        for engine in (self._sqlite_writer, self._sqlite_reader):
-            if engine is not None:
-                engine.dispose()
         for pool in (self._write_thread, self._read_threads):
             if pool is not None:
                 pool.shutdown(wait=True)
+        if self._raw_writer is not None:
+            self._raw_writer.close()  # back to its pool, closed below with the rest
+            self._raw_writer = None
+        for engine in (self._sqlite_writer, self._sqlite_reader):
+            if engine is not None:
+                engine.dispose()
         if self._lock_file is not None:
             self._lock_file.close()  # releases the flock
             self._lock_file = None

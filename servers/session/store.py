@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import secrets
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -421,12 +422,10 @@ class SessionStore:
 
         if self.db.is_sqlite:
 
-            def append(conn: Connection, changes: list[Change]) -> AppendResult:
-                # The sqlite3 connection itself, inside the transaction SQLAlchemy began
-                # (BEGIN IMMEDIATE) and will commit: the writer thread holds the GIL for as
-                # little Python as possible, since the event loop needs it too.
-                raw = conn.connection.driver_connection
-                assert raw is not None
+            def append(raw: sqlite3.Connection) -> _AppendPlan:
+                # Straight on the writer thread's sqlite3 connection (BEGIN IMMEDIATE and
+                # COMMIT around it): the writer holds the GIL for as little Python as
+                # possible, since the event loop needs it too.
                 row = raw.execute(self._lock_sql, (session_id,)).fetchone()
                 if row is None:
                     raise SessionNotFound(session_id)
@@ -440,10 +439,14 @@ class SessionStore:
                 if decided.change is not None:
                     raw.executemany(self._insert_events, decided.rows)
                     raw.execute(self._after_append_sql, decided.values)
-                    changes.append(decided.change)
-                return decided.result
+                return decided
 
-            return await self._write(append)
+            decided = await self.db.write_sqlite(append)
+            if decided.change is not None:
+                # Write futures resolve in commit order (one writer thread), so listeners see
+                # changes in commit order.
+                self._publish([decided.change])
+            return decided.result
 
         async with self.db.asyncpg_transaction() as pg:
             row = await pg.fetchrow(self._lock_sql, session_id)
