@@ -17,9 +17,9 @@ The default, `SlidingWindowPolicy` (contract: HARNESS-CONTEXT-001):
 * Beyond the budget the request is built from three slices: **the task** (the user
   messages at the start of the log, before the model's first reply), then a short **marker**
   text saying which events were left out (the log keeps them), then **what led up to the
-  current action** (the current turn's user messages, when they are older than the window)
-  and **the most recent events** (the window), which runs from the start of a model reply to
-  the end of the log. Cutting only where a model request starts keeps every
+  current action** (the user messages of the turn the window starts in: the request being
+  worked on, when it is older than the window) and **the most recent events** (the window),
+  which runs from the start of a model request to the end of the log. Cutting only where a model request starts keeps every
   `tool_use`/`tool_result` pair whole (a harness settles every call before it asks the
   model again), and same-role blocks merge, so roles alternate as the API requires.
 * The prompt cache keeps hitting: a `cache_control` breakpoint on the task's last block
@@ -385,7 +385,8 @@ class SlidingWindowPolicy:
     async def _current_request(
         self, events: EventSlices, task_end: int, start: int
     ) -> list[LogEvent]:
-        """The user messages of the turn in progress that are older than the window."""
+        """The user messages before the window, back to the idle before them: the request
+        that the window's first events work on."""
         found: list[LogEvent] = []
         before = start
         while True:
