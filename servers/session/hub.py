@@ -179,7 +179,7 @@ class Hub:
         handle = self._timers.pop(session_id, None)
         if handle is not None:
             handle.cancel()
-        if state.needs_harness(now):
+        if self._pending_watchers and state.needs_harness(now):
             item = session_service_pb2.WatchPendingSessionsResponse(
                 session_id=session_id, last_seq=state.last_seq
             )
