@@ -138,6 +138,14 @@ class Renderer:
                 + custom.input_json
                 + s.dim("  (run by the client)")
             )
+        elif kind == "agent_mcp_tool_use":
+            m = e.agent_mcp_tool_use
+            self._line(s.cyan(f"mcp tool  {m.server_name}/{m.name} ") + m.input_json)
+        elif kind == "agent_mcp_tool_result":
+            mr = e.agent_mcp_tool_result
+            label = s.red("mcp tool error") if mr.is_error else s.cyan("mcp tool result")
+            body = _indent(_text(mr.content))
+            self._line(f"{label}\n{s.red(body) if mr.is_error else body}")
         elif kind == "user_custom_tool_result":
             answer = e.user_custom_tool_result
             self._line(s.green("custom tool result\n") + _indent(_text(answer.content)))
