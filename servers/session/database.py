@@ -146,14 +146,39 @@ class Database:
         async with self._async_engine.begin() as conn:
             return await conn.run_sync(fn)
 
-    async def write_sqlite(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def write_sqlite(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        after_commit: Callable[[T], None] | None = None,
+    ) -> T:
         """SQLite only: run `fn` on the writer thread's sqlite3 connection inside
         `BEGIN IMMEDIATE` ... `COMMIT` (rolled back if it raises). Same thread, pragmas and
         durability as `write`, without SQLAlchemy's per-transaction machinery: the append hot
-        path, where the writer thread should hold the GIL for as little Python as possible."""
-        return await asyncio.get_running_loop().run_in_executor(
-            self._write_thread, self._raw_transaction, fn
-        )
+        path, where the writer thread should hold the GIL for as little Python as possible.
+
+        `after_commit(result)` runs on the event loop once the transaction has committed, in
+        commit order, even if the awaiting task was cancelled meanwhile (a committed change is
+        always announced)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        assert self._write_thread is not None
+        # One callback into the loop per transaction (no chained concurrent future).
+        self._write_thread.submit(self._raw_job, loop, future, fn, after_commit)
+        return await future
+
+    def _raw_job(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future[T],
+        fn: Callable[[sqlite3.Connection], T],
+        after_commit: Callable[[T], None] | None,
+    ) -> None:
+        try:
+            result = self._raw_transaction(fn)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(_fail, future, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, future, result, after_commit)
 
     def _raw_transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._raw_writer_connection()
@@ -234,6 +259,21 @@ class Database:
         if self._lock_file is not None:
             self._lock_file.close()  # releases the flock
             self._lock_file = None
+
+
+def _settle(future: asyncio.Future[T], result: T, after_commit: Callable[[T], None] | None) -> None:
+    try:
+        if after_commit is not None:
+            after_commit(result)
+    finally:
+        # Committed: the writer learns so even if announcing it failed (the loop logs that).
+        if not future.cancelled():
+            future.set_result(result)
+
+
+def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.cancelled():
+        future.set_exception(exc)
 
 
 def _lock_single_server(database: Path) -> Any:

@@ -441,11 +441,7 @@ class SessionStore:
                     raw.execute(self._after_append_sql, decided.values)
                 return decided
 
-            decided = await self.db.write_sqlite(append)
-            if decided.change is not None:
-                # Write futures resolve in commit order (one writer thread), so listeners see
-                # changes in commit order.
-                self._publish([decided.change])
+            decided = await self.db.write_sqlite(append, self._publish_plan)
             return decided.result
 
         async with self.db.asyncpg_transaction() as pg:
@@ -465,6 +461,11 @@ class SessionStore:
         if decided.change is not None:
             self._publish([decided.change])
         return decided.result
+
+    def _publish_plan(self, decided: _AppendPlan) -> None:
+        # Runs in commit order (one writer thread, one loop callback per transaction).
+        if decided.change is not None:
+            self._publish([decided.change])
 
     def _pk(self, conn: Connection, session_id: str) -> int:
         pk = self._pk_cache.get(session_id)
