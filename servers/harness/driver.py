@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import anthropic
 
 from oma.servers.harness import conversation, faults
+from oma.servers.harness import events as ev
 from oma.servers.harness.loop import LoopConfig, Turn
 from oma.servers.harness.ports import (
     Lease,
@@ -122,12 +123,13 @@ class Driver:
             driving = self._driving.get(session_id)
             if driving is not None and driving.task is not None and not driving.task.done():
                 driving.rewake = True
-                if driving.finishing:
-                    # The turn is idle and its lease about to go: answer from the log, as a
-                    # wake after the release would (HARNESS-WAKE-003).
-                    tail = await self._session.read_events(session_id, driving.turn.last_seq)
-                    if not conversation.has_work(tail):
-                        return WakeResult(Outcome.NOTHING_TO_DO)
+                # The turn may be idle already (a caller can see the idle before this task
+                # does): then answer from the log, as a wake after the lease's release would
+                # (HARNESS-WAKE-003). Only the events after the turn's last seq are read.
+                tail = await self._session.read_events(session_id, driving.turn.last_seq)
+                idle = driving.finishing or any(e.type == ev.STATUS_IDLE for e in tail)
+                if idle and not conversation.has_work(tail):
+                    return WakeResult(Outcome.NOTHING_TO_DO)
                 return WakeResult(Outcome.ALREADY_DRIVEN, self.holder_id)
             if self._closing:
                 raise Unreachable("the harness is shutting down")
