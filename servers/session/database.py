@@ -38,6 +38,7 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # Any constant: serializes concurrent start-ups migrating one PostgreSQL database.
 _MIGRATION_LOCK_KEY = 0x0A5E5510
 _READER_THREADS = 4
+_APPEND_CONNECTIONS = 10  # PostgreSQL: appends in flight at once (each holds a connection)
 
 
 class DurabilityError(RuntimeError):
@@ -108,6 +109,10 @@ class Database:
         self._write_thread: ThreadPoolExecutor | None = None
         self._read_threads: ThreadPoolExecutor | None = None
         self._lock_file: Any = None
+        # PostgreSQL append connections: plain asyncpg, kept open between appends.
+        self._pg_free: list[Any] = []
+        self._pg_slots = asyncio.Semaphore(_APPEND_CONNECTIONS)
+        self._closed = False
         if self.is_sqlite:
             if url.database:
                 Path(url.database).parent.mkdir(parents=True, exist_ok=True)
@@ -218,16 +223,55 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def asyncpg_transaction(self) -> AsyncIterator[Any]:
-        """PostgreSQL only: a pooled connection's asyncpg driver connection inside a transaction,
-        for the append hot path (native prepared statements and pipelined executemany, no
-        per-statement greenlet hop). Commits when the block ends, rolls back if it raises."""
-        assert self._async_engine is not None
-        async with self._async_engine.connect() as conn:
-            raw = await conn.get_raw_connection()
-            driver = raw.driver_connection
-            assert driver is not None
-            async with driver.transaction():
-                yield driver
+        """PostgreSQL only: an asyncpg connection inside a transaction, for the append hot path
+        (native prepared statements and pipelined executemany, no per-statement greenlet hop,
+        no SQLAlchemy pool checkout). Commits when the block ends, rolls back if it raises.
+        The connections are this database's own (at most `_APPEND_CONNECTIONS`), opened with
+        `synchronous_commit=on` and checked before first use."""
+        conn = await self._pg_acquire()
+        reusable = False
+        try:
+            async with conn.transaction():
+                yield conn
+            reusable = True
+        except Exception:
+            reusable = True  # rolled back by the block; closed if that failed (checked below)
+            raise
+        finally:
+            self._pg_release(conn, reusable)
+
+    async def _pg_acquire(self) -> Any:
+        await self._pg_slots.acquire()
+        try:
+            while self._pg_free:
+                conn = self._pg_free.pop()
+                if not conn.is_closed():
+                    return conn
+            import asyncpg
+
+            conn = await asyncpg.connect(
+                self.asyncpg_dsn(), server_settings={"synchronous_commit": "on"}
+            )
+            try:
+                commit = await conn.fetchval("SHOW synchronous_commit")
+                fsync = await conn.fetchval("SHOW fsync")
+                check_settings("postgresql", {"synchronous_commit": commit, "fsync": fsync})
+            except BaseException:
+                conn.terminate()
+                raise
+            return conn
+        except BaseException:
+            self._pg_slots.release()
+            raise
+
+    def _pg_release(self, conn: Any, reusable: bool) -> None:
+        """Keep a connection that is idle and healthy; drop one a cancellation may have cut
+        mid-protocol."""
+        self._pg_slots.release()
+        if reusable and not self._closed and not conn.is_closed() and not conn.is_in_transaction():
+            self._pg_free.append(conn)
+        else:
+            conn.terminate()
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
         """Run `fn` in one read transaction (a consistent snapshot)."""
@@ -245,6 +289,13 @@ class Database:
         return await self.write(_settings)
 
     async def close(self) -> None:
+        self._closed = True
+        while self._pg_free:
+            conn = self._pg_free.pop()
+            try:
+                await conn.close(timeout=5)
+            except Exception:
+                conn.terminate()
         if self._async_engine is not None:
             await self._async_engine.dispose()
         for pool in (self._write_thread, self._read_threads):
