@@ -18,6 +18,7 @@ import inspect
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from types import CoroutineType
 from typing import Any
 
 import grpc
@@ -220,7 +221,10 @@ class HandlerWrapper:
                 self._enter(rule, context)
                 result = behavior(request, context)
                 if not streaming:
-                    return await result if inspect.isawaitable(result) else result
+                    # Exact type first: `inspect.isawaitable` goes through an ABC check.
+                    if type(result) is CoroutineType or inspect.isawaitable(result):
+                        return await result
+                    return result
                 await _drive(result, context)
                 if tracker.aborted(task):
                     # The handler swallowed the cancellation: its stream is still cut short.
@@ -241,8 +245,8 @@ class HandlerWrapper:
                 await _abort_internal(context, rule.method)
             finally:
                 tracker.finished(task)
-                aclose = getattr(result, "aclose", None)
-                if streaming and aclose is not None:
+                aclose = getattr(result, "aclose", None) if streaming else None
+                if aclose is not None:
                     try:
                         await aclose()
                     except Exception:
