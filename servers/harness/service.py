@@ -9,7 +9,7 @@ import grpc
 from oma import __version__
 from oma.common.v1 import common_pb2
 from oma.harness.v1 import harness_pb2, harness_pb2_grpc
-from oma.runtime.errors import OmaError
+from oma.runtime.errors import OmaError, invalid_field
 from oma.servers.harness.driver import Driver, Outcome
 from oma.servers.harness.ports import SessionGone, Unreachable
 
@@ -47,12 +47,9 @@ class HarnessServicer(harness_pb2_grpc.HarnessServiceServicer):
         self, request: harness_pb2.WakeRequest, context: grpc.aio.ServicerContext
     ) -> harness_pb2.WakeResponse:
         if not _SESSION_ID.match(request.session_id):
-            raise OmaError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "INVALID_FIELD",
-                "session_id must be 1-128 characters of [A-Za-z0-9._-], as returned "
-                "by CreateSession",
-                {"field": "session_id"},
+            raise invalid_field(
+                "session_id",
+                "must be 1-128 characters of [A-Za-z0-9._-], as returned by CreateSession",
             )
         try:
             result = await self._driver.wake(request.session_id)

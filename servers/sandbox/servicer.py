@@ -13,7 +13,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from oma import __version__
 from oma.common.v1 import common_pb2
-from oma.runtime.errors import OmaError
+from oma.runtime.errors import OmaError, require_field
 from oma.runtime.server import Service
 from oma.sandbox.v1 import sandbox_pb2 as pb
 from oma.sandbox.v1 import sandbox_pb2_grpc
@@ -161,16 +161,6 @@ def spec_from_request(request: pb.ProvisionRequest) -> SandboxSpec:
     )
 
 
-def _require(value: str, field: str) -> None:
-    if not value:
-        raise OmaError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "INVALID_FIELD",
-            f"{field} is required",
-            {"field": field},
-        )
-
-
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     def __init__(self, manager: SandboxManager) -> None:
         self.manager = manager
@@ -222,8 +212,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return pb.ProvisionResponse(sandbox=sandbox_to_proto(sandbox))
 
     async def Execute(self, request: pb.ExecuteRequest, context: Any) -> pb.ExecuteResponse:
-        _require(request.sandbox_id, "sandbox_id")
-        _require(request.name, "name")
+        require_field(request.sandbox_id, "sandbox_id")
+        require_field(request.name, "name")
         try:
             result = await self.manager.execute(
                 request.sandbox_id,
@@ -239,7 +229,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def ExecuteStream(
         self, request: pb.ExecuteStreamRequest, context: Any
     ) -> AsyncIterator[pb.ExecuteStreamResponse]:
-        _require(request.sandbox_id, "sandbox_id")
+        require_field(request.sandbox_id, "sandbox_id")
         if not request.name and not request.execution_id:
             raise OmaError(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -275,7 +265,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def GetSandbox(
         self, request: pb.GetSandboxRequest, context: Any
     ) -> pb.GetSandboxResponse:
-        _require(request.sandbox_id, "sandbox_id")
+        require_field(request.sandbox_id, "sandbox_id")
         try:
             sandbox = await self.manager.get(request.sandbox_id)
         except SandboxError as error:
@@ -315,7 +305,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def DestroySandbox(
         self, request: pb.DestroySandboxRequest, context: Any
     ) -> pb.DestroySandboxResponse:
-        _require(request.sandbox_id, "sandbox_id")
+        require_field(request.sandbox_id, "sandbox_id")
         sandbox = await self.manager.destroy(request.sandbox_id)
         response = pb.DestroySandboxResponse()
         if sandbox is not None:
@@ -338,8 +328,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 {"field": "header"},
             )
         header = first.header
-        _require(header.sandbox_id, "header.sandbox_id")
-        _require(header.path, "header.path")
+        require_field(header.sandbox_id, "header.sandbox_id")
+        require_field(header.path, "header.path")
 
         async def chunks() -> AsyncIterator[bytes]:
             async for message in iterator:
@@ -366,8 +356,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def DownloadFile(
         self, request: pb.DownloadFileRequest, context: Any
     ) -> AsyncIterator[pb.DownloadFileResponse]:
-        _require(request.sandbox_id, "sandbox_id")
-        _require(request.path, "path")
+        require_field(request.sandbox_id, "sandbox_id")
+        require_field(request.path, "path")
         try:
             sent_any = False
             pending = b""

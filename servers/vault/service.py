@@ -16,7 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from oma import __version__
 from oma.common.v1 import common_pb2
 from oma.runtime.auth import ADMIN, HARNESS, current_role
-from oma.runtime.errors import OmaError
+from oma.runtime.errors import OmaError, require_field
 from oma.servers.vault.core import CloneHead, StreamHead, Vault
 from oma.servers.vault.errors import STATUS_OF_REASON, VaultError
 from oma.servers.vault.models import (
@@ -132,17 +132,6 @@ def _http_request(message: vault_pb2.HttpRequest, present: bool) -> HttpRequestS
     )
 
 
-def _required(value: str, field: str) -> str:
-    if not value:
-        raise OmaError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "INVALID_FIELD",
-            f"{field} is required",
-            {"field": field},
-        )
-    return value
-
-
 def _audit_to_proto(entry: AuditEntry) -> vault_pb2.AuditRecord:
     return vault_pb2.AuditRecord(
         audit_id=entry.audit_id,
@@ -230,7 +219,7 @@ class VaultServicer(vault_pb2_grpc.VaultServiceServicer):
     async def RotateCredential(
         self, request: Any, context: Any
     ) -> vault_pb2.RotateCredentialResponse:
-        _required(request.credential_id, "credential_id")
+        require_field(request.credential_id, "credential_id")
         if not request.HasField("secret"):
             raise OmaError(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -251,7 +240,7 @@ class VaultServicer(vault_pb2_grpc.VaultServiceServicer):
     async def DeleteCredential(
         self, request: Any, context: Any
     ) -> vault_pb2.DeleteCredentialResponse:
-        _required(request.credential_id, "credential_id")
+        require_field(request.credential_id, "credential_id")
         try:
             await self.vault.delete_credential(
                 actor=self._actor(), credential_id=request.credential_id
@@ -274,7 +263,7 @@ class VaultServicer(vault_pb2_grpc.VaultServiceServicer):
     async def IssueSessionToken(
         self, request: Any, context: Any
     ) -> vault_pb2.IssueSessionTokenResponse:
-        _required(request.session_id, "session_id")
+        require_field(request.session_id, "session_id")
         lookup = None
         if current_role() != ADMIN:
             if current_role() != HARNESS or self.session_lookup is None:
@@ -305,7 +294,7 @@ class VaultServicer(vault_pb2_grpc.VaultServiceServicer):
     async def RevokeSessionTokens(
         self, request: Any, context: Any
     ) -> vault_pb2.RevokeSessionTokensResponse:
-        _required(request.session_id, "session_id")
+        require_field(request.session_id, "session_id")
         try:
             count = await self.vault.revoke_tokens(
                 actor=self._actor(), session_id=request.session_id
@@ -316,7 +305,7 @@ class VaultServicer(vault_pb2_grpc.VaultServiceServicer):
 
     async def Proxy(self, request: Any, context: Any) -> vault_pb2.ProxyResponse:
         spec = _http_request(request.request, request.HasField("request"))
-        _required(request.credential_id, "credential_id")
+        require_field(request.credential_id, "credential_id")
         timeout = request.timeout.ToNanoseconds() / 1e9 if request.HasField("timeout") else 0.0
         try:
             result = await self.vault.proxy(
@@ -338,7 +327,7 @@ class VaultServicer(vault_pb2_grpc.VaultServiceServicer):
         self, request: Any, context: Any
     ) -> AsyncIterator[vault_pb2.ProxyStreamResponse]:
         spec = _http_request(request.request, request.HasField("request"))
-        _required(request.credential_id, "credential_id")
+        require_field(request.credential_id, "credential_id")
         timeout = request.timeout.ToNanoseconds() / 1e9 if request.HasField("timeout") else 0.0
         parts = self.vault.proxy_stream(
             token=request.session_token,
@@ -378,8 +367,8 @@ class VaultServicer(vault_pb2_grpc.VaultServiceServicer):
     async def CloneRepository(
         self, request: Any, context: Any
     ) -> AsyncIterator[vault_pb2.CloneRepositoryResponse]:
-        _required(request.credential_id, "credential_id")
-        _required(request.url, "url")
+        require_field(request.credential_id, "credential_id")
+        require_field(request.url, "url")
         parts = self.vault.clone(
             token=request.session_token,
             credential_id=request.credential_id,

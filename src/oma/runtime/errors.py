@@ -79,6 +79,21 @@ class OmaError(Exception):
         return ((STATUS_DETAILS_KEY, self.to_status().SerializeToString()),)
 
 
+def invalid_field(field: str, problem: str = "is required") -> OmaError:
+    """`INVALID_ARGUMENT` / `INVALID_FIELD` naming the request field (`metadata["field"]`),
+    the error every contract gives for a missing or malformed field."""
+    return OmaError(
+        grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", f"{field} {problem}", {"field": field}
+    )
+
+
+def require_field(value: str, field: str) -> str:
+    """`value`, or `invalid_field(field)` raised when it is empty."""
+    if not value:
+        raise invalid_field(field)
+    return value
+
+
 def rich_status(
     code: grpc.StatusCode, reason: str, message: str, metadata: Mapping[str, str] | None = None
 ) -> status_pb2.Status:
