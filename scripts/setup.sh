@@ -11,7 +11,8 @@ as_postgres() { if [ "$(id -u)" = 0 ]; then su postgres -c "$*"; else sudo -u po
 
 step "system packages"
 missing=()
-for p in docker.io postgresql bubblewrap debootstrap git ca-certificates; do
+for p in docker.io postgresql bubblewrap debootstrap git ca-certificates \
+         protobuf-compiler protoc-gen-go protoc-gen-go-grpc; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 command -v node >/dev/null || missing+=(nodejs)
