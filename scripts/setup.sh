@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare this machine for OMA: the Debian packages and engines it uses (Docker engine,
-# PostgreSQL, bubblewrap, debootstrap, git, Node.js for buf), the Python package with its
+# PostgreSQL, bubblewrap, debootstrap, git, Node.js for buf, protoc with the Go plugins for
+# the polyglot generation test), the Python package with its
 # dev tools, the Node tools, and the locally built sandbox image. Idempotent: a second run
 # only checks. Needs root (or sudo) for the system parts.
 set -euo pipefail
