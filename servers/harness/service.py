@@ -31,15 +31,19 @@ class HarnessServicer(harness_pb2_grpc.HarnessServiceServicer):
         self, request: harness_pb2.GetCapabilitiesRequest, context: grpc.aio.ServicerContext
     ) -> harness_pb2.GetCapabilitiesResponse:
         config = self._driver.config
+        limits = {
+            "harness.max_model_retries": config.loop.max_model_retries,
+            "harness.lease_ttl_ms": int(config.lease_ttl_seconds * 1000),
+        }
+        budget = getattr(config.loop.context, "budget_tokens", None)
+        if isinstance(budget, int):  # only a policy with a token budget has one to declare
+            limits["harness.context_budget_tokens"] = budget
         info = common_pb2.ServerInfo(
             implementation="oma-reference",
             version=__version__,
             api_versions=["oma.harness.v1"],
             features=["harness.previews", "harness.sandbox_tools", "harness.mcp_tools"],
-            limits={
-                "harness.max_model_retries": config.loop.max_model_retries,
-                "harness.lease_ttl_ms": int(config.lease_ttl_seconds * 1000),
-            },
+            limits=limits,
         )
         return harness_pb2.GetCapabilitiesResponse(server_info=info)
 

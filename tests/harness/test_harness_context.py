@@ -9,6 +9,7 @@ from typing import Any
 
 from harness_helpers import HarnessFactory, Peers, SessionClient, payload, wake
 
+from oma.harness.v1 import harness_pb2, harness_pb2_grpc
 from oma.runtime.client import connect
 from oma.runtime.server import ServerOptions
 from oma.servers.harness.app import HarnessConfig, start_harness
@@ -56,6 +57,11 @@ async def test_a_session_longer_than_the_context_budget_completes(
         )
         harness = await start_harness(config, ServerOptions(tokens=local_peers.tokens))
         harness_factory.started.append(harness)
+        async with connect(harness.address, token=local_peers.tokens.token_for("client")) as ch:
+            caps = await harness_pb2_grpc.HarnessServiceStub(ch).GetCapabilities(
+                harness_pb2.GetCapabilitiesRequest()
+            )
+        assert caps.server_info.limits["harness.context_budget_tokens"] == BUDGET
         session_id = await local_client.create("long", tools=("bash",))
         waiting = asyncio.create_task(local_client.wait_idle(session_id, limit_seconds=300))
         await wake(local_peers, harness.address, session_id)

@@ -55,8 +55,9 @@ class HarnessServiceServicer:
 
     def GetCapabilities(self, request, context):
         """Describes this harness: implementation, contract versions, optional features
-        (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits (`harness.max_model_retries`,
-        `harness.lease_ttl_ms`).
+        (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits
+        (`harness.max_model_retries`, `harness.lease_ttl_ms`, and `harness.context_budget_tokens`:
+        the estimated prompt tokens a model request may hold before older events are left out).
 
         Any role may call it; it is idempotent and has no side effect.
 

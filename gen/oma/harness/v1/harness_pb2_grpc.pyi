@@ -172,8 +172,9 @@ class HarnessServiceStub:
     def __new__(cls, channel: _aio.Channel) -> HarnessServiceAsyncStub: ...
     GetCapabilities: _grpc.UnaryUnaryMultiCallable[_harness_pb2.GetCapabilitiesRequest, _harness_pb2.GetCapabilitiesResponse]
     """Describes this harness: implementation, contract versions, optional features
-    (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits (`harness.max_model_retries`,
-    `harness.lease_ttl_ms`).
+    (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits
+    (`harness.max_model_retries`, `harness.lease_ttl_ms`, and `harness.context_budget_tokens`:
+    the estimated prompt tokens a model request may hold before older events are left out).
 
     Any role may call it; it is idempotent and has no side effect.
 
@@ -220,8 +221,9 @@ class HarnessServiceAsyncStub(HarnessServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetCapabilities: _aio.UnaryUnaryMultiCallable[_harness_pb2.GetCapabilitiesRequest, _harness_pb2.GetCapabilitiesResponse]  # type: ignore[assignment]
     """Describes this harness: implementation, contract versions, optional features
-    (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits (`harness.max_model_retries`,
-    `harness.lease_ttl_ms`).
+    (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits
+    (`harness.max_model_retries`, `harness.lease_ttl_ms`, and `harness.context_budget_tokens`:
+    the estimated prompt tokens a model request may hold before older events are left out).
 
     Any role may call it; it is idempotent and has no side effect.
 
@@ -271,8 +273,9 @@ class HarnessServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_harness_pb2.GetCapabilitiesResponse, _abc.Awaitable[_harness_pb2.GetCapabilitiesResponse]]:
         """Describes this harness: implementation, contract versions, optional features
-        (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits (`harness.max_model_retries`,
-        `harness.lease_ttl_ms`).
+        (`harness.previews`, `harness.sandbox_tools`, `harness.mcp_tools`) and limits
+        (`harness.max_model_retries`, `harness.lease_ttl_ms`, and `harness.context_budget_tokens`:
+        the estimated prompt tokens a model request may hold before older events are left out).
 
         Any role may call it; it is idempotent and has no side effect.
 
