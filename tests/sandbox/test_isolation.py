@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 from google.protobuf import duration_pb2
 from sandbox_helpers import SandboxServer
 
 from oma.sandbox.v1 import sandbox_pb2 as pb
+from oma.servers.sandbox.backends.base import SandboxDirectories
 from oma.servers.sandbox.model import MiB
 
 
@@ -109,3 +111,31 @@ async def test_memory_hog_is_killed_and_the_sandbox_survives(
     assert hog.exit_code == 137 or "MemoryError" in hog.output, (hog.exit_code, hog.output)
     after = await sandbox_server.bash(sandbox.id, "echo still-here")
     assert after.output == "still-here\n"
+
+
+async def test_the_ready_marker_is_out_of_the_sandboxs_reach(
+    sandbox_server: SandboxServer, sandbox_id: str
+) -> None:
+    listing = await sandbox_server.bash(sandbox_id, "ls -A /oma/run")
+    assert listing.output.split() == ["executor.sock"]
+    assert sandbox_server.manager.backend.dirs.is_ready(sandbox_id)  # type: ignore[attr-defined]
+
+
+def test_a_forged_or_planted_ready_marker_in_the_run_directory_is_ignored(
+    tmp_path: Path,
+) -> None:
+    # The run directory is writable from inside the sandbox: a marker forged there must not
+    # make a half-provisioned sandbox look ready, and a symbolic link planted there must not
+    # make the server write through it on the host.
+    dirs = SandboxDirectories(tmp_path / "root")
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    dirs.make("sb-forged", os.getuid(), os.getgid())
+    (dirs.run("sb-forged") / "ready").write_text("forged")
+    assert not dirs.is_ready("sb-forged")
+    dirs.make("sb-planted", os.getuid(), os.getgid())
+    (dirs.run("sb-planted") / "ready").symlink_to(victim)
+    dirs.mark_ready("sb-planted")
+    assert dirs.is_ready("sb-planted")
+    assert victim.read_text() == "untouched"
+    dirs.release()

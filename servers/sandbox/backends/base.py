@@ -5,9 +5,12 @@ Every backend uses the same host-side layout under its root directory:
 
     <root>/<sandbox id>/workspace   mounted at /workspace inside the sandbox
     <root>/<sandbox id>/run         mounted at /oma/run: the executor's socket lives here
-    <root>/<sandbox id>/run/ready   written once the init steps are done
+    <root>/<sandbox id>/ready       written once the init steps are done
 
-so that the manager talks to every sandbox the same way, through `run/executor.sock`.
+so that the manager talks to every sandbox the same way, through `run/executor.sock`. The
+ready marker lies outside the mounted directories: code in the sandbox can write `run/`, so
+a marker there could be forged (a half-provisioned sandbox recovered as ready) or replaced
+by a symbolic link the server would then write through on the host.
 """
 
 from __future__ import annotations
@@ -103,10 +106,10 @@ class SandboxDirectories:
         return self.run(sandbox_id) / SOCKET_NAME
 
     def is_ready(self, sandbox_id: str) -> bool:
-        return (self.run(sandbox_id) / READY_MARKER).exists()
+        return (self.base(sandbox_id) / READY_MARKER).exists()
 
     def mark_ready(self, sandbox_id: str) -> None:
-        (self.run(sandbox_id) / READY_MARKER).write_text(str(time.time()))
+        (self.base(sandbox_id) / READY_MARKER).write_text(str(time.time()))
 
     def make(self, sandbox_id: str, uid: int, gid: int) -> None:
         base = self.base(sandbox_id)
