@@ -10,8 +10,10 @@ tar archive is built from it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import signal
 import tarfile
 import tempfile
 from collections.abc import AsyncIterator
@@ -72,15 +74,23 @@ async def _git(
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
+        # Its own process group, so that git's helpers (git-remote-http holds the
+        # connection and the output pipe) die with it.
+        start_new_session=True,
     )
     try:
         out, _ = await asyncio.wait_for(process.communicate(), time_limit)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise VaultError(
-            "UPSTREAM_TIMEOUT", f"git {args[0]} took longer than {time_limit:.0f}s"
-        ) from None
+    except BaseException as exc:
+        # Timed out or cancelled (the caller went away): git must not live on with the
+        # secret in its environment, writing into a directory about to be removed.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await asyncio.shield(process.wait())
+        if isinstance(exc, TimeoutError):
+            raise VaultError(
+                "UPSTREAM_TIMEOUT", f"git {args[0]} took longer than {time_limit:.0f}s"
+            ) from None
+        raise
     return process.returncode or 0, out.decode("utf-8", errors="replace")
 
 

@@ -15,6 +15,9 @@ import pytest
 from vault_calls import create, expect_error, hosts, issue
 from vault_upstreams import LoopbackServer, git_server_app, make_bare_repository
 
+from oma.servers.vault import gitclone
+from oma.servers.vault.models import CredentialKind, Secret
+from oma.servers.vault.scrub import Scrubber
 from oma.vault.v1 import vault_pb2 as pb
 
 GIT_TOKEN = "ghp_" + "S3cretGitToken" * 2
@@ -134,6 +137,42 @@ async def test_clone_errors(vault, git_server) -> None:
         grpc.StatusCode.PERMISSION_DENIED,
         "ROLE_FORBIDDEN",
     )
+
+
+async def test_a_cancelled_clone_kills_git() -> None:
+    # An upstream that accepts git's request and never answers: git waits for ever.
+    connected = asyncio.Event()
+    hung_up = asyncio.Event()
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set()
+        await reader.read()  # until git's end of the connection closes
+        hung_up.set()
+        writer.close()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    secret = Secret(CredentialKind.GIT_TOKEN, token=GIT_TOKEN)
+    task = asyncio.create_task(
+        gitclone.clone(
+            f"http://127.0.0.1:{port}/hung.git",
+            "",
+            0,
+            secret,
+            Scrubber([GIT_TOKEN]),
+            time_limit=3600,
+            max_bytes=1 << 20,
+        )
+    )
+    try:
+        await asyncio.wait_for(connected.wait(), 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Only a killed git closes its connection; a live one would wait for an answer.
+        await asyncio.wait_for(hung_up.wait(), 60)
+    finally:
+        server.close()
 
 
 def test_git_is_installed() -> None:
