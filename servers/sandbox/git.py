@@ -10,7 +10,9 @@ repository's `credential_id` through the vault with the session token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 from pathlib import Path
 from typing import Protocol
 
@@ -88,15 +90,22 @@ async def _git(args: list[str], env: dict[str, str], url: str) -> None:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         env=env,
+        # Its own process group, so that git's helpers (git-remote-http holds the
+        # connection and the output pipe) die with it.
+        start_new_session=True,
     )
     try:
         output, _ = await asyncio.wait_for(process.communicate(), CLONE_TIMEOUT_SECONDS)
-    except TimeoutError as error:
-        process.kill()
-        await process.wait()
-        raise SandboxError(
-            "INIT_FAILED", f"cloning {url} took longer than {CLONE_TIMEOUT_SECONDS:.0f} s"
-        ) from error
+    except BaseException as error:
+        # Timed out or cancelled (the provision was abandoned): nothing may go on cloning.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await asyncio.shield(process.wait())
+        if isinstance(error, TimeoutError):
+            raise SandboxError(
+                "INIT_FAILED", f"cloning {url} took longer than {CLONE_TIMEOUT_SECONDS:.0f} s"
+            ) from error
+        raise
     if process.returncode != 0:
         detail = output.decode(errors="replace").strip()[-1000:]
         step = "clone" if "clone" in args else "checkout"

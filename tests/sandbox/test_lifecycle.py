@@ -279,6 +279,33 @@ async def test_git_clone_init_steps(sandbox_server: SandboxServer, git_daemon: s
     assert lines[4] == lines[5]  # the tree belongs to the sandbox user
 
 
+async def test_an_abandoned_clone_kills_git(tmp_path: Path) -> None:
+    from oma.servers.sandbox import git
+
+    # A server that accepts git's request and never answers: git would wait for ever.
+    connected = asyncio.Event()
+    hung_up = asyncio.Event()
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set()
+        await reader.read()  # until git's end of the connection closes
+        hung_up.set()
+        writer.close()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    task = asyncio.create_task(git.clone(f"http://127.0.0.1:{port}/hung.git", "", tmp_path / "c"))
+    try:
+        await asyncio.wait_for(connected.wait(), 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Only a killed git (and git-remote-http) closes the connection.
+        await asyncio.wait_for(hung_up.wait(), 60)
+    finally:
+        server.close()
+
+
 async def test_credentialed_repository_without_vault_fails_cleanly(
     sandbox_server: SandboxServer, git_daemon: str
 ) -> None:
