@@ -3,8 +3,9 @@
 git gets the secret only as an `http.extraHeader` through `GIT_CONFIG_COUNT` environment
 variables of its own process (never argv, never a file, never the remote URL); it runs with
 an empty HOME, no system config, no credential helper, no redirects and only http(s)
-transports. After the clone the checkout is checked for the secret's plain bytes, and the
-tar archive is built from it.
+transports. After the clone the checkout is searched for the secret in every encoding the
+scrubber knows (plain, base64 as in the `Basic` header, ...), and the tar archive is built
+from it.
 """
 
 from __future__ import annotations
@@ -94,12 +95,12 @@ async def _git(
     return process.returncode or 0, out.decode("utf-8", errors="replace")
 
 
-def _contains(root: Path, needles: list[bytes]) -> Path | None:
+def find_secret(root: Path, scrubber: Scrubber) -> Path | None:
+    """The first file under `root` holding the secret in any form the scrubber knows (the
+    `Basic` header git sends carries the token base64-encoded, not plain)."""
     for path in root.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            data = path.read_bytes()
-            if any(n in data for n in needles):
-                return path
+        if path.is_file() and not path.is_symlink() and scrubber.finds(path.read_bytes()):
+            return path
     return None
 
 
@@ -154,8 +155,7 @@ async def clone(
         _, branch = await _git(
             ["symbolic-ref", "--short", "-q", "HEAD"], plain_env, checkout, time_limit
         )
-        needles = [v.encode() for v in secret.secret_values()]
-        leaked = await asyncio.to_thread(_contains, checkout, needles)
+        leaked = await asyncio.to_thread(find_secret, checkout, scrubber)
         if leaked is not None:
             raise VaultError(
                 "CLONE_FAILED",

@@ -77,6 +77,10 @@ class Scrubber:
             return data, 0
         return self._pattern.subn(REDACTED, data)
 
+    def finds(self, data: bytes) -> bool:
+        """Whether `data` holds any form of any secret."""
+        return self._pattern is not None and self._pattern.search(data) is not None
+
     def scrub_text(self, text: str) -> tuple[str, int]:
         out, count = self.scrub(text.encode("latin-1", errors="surrogateescape"))
         return out.decode("latin-1"), count

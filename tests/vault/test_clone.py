@@ -175,5 +175,17 @@ async def test_a_cancelled_clone_kills_git() -> None:
         server.close()
 
 
+def test_the_leak_check_finds_the_token_base64_encoded(tmp_path: Path) -> None:
+    import base64
+
+    scrubber = Scrubber([GIT_TOKEN])
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    assert gitclone.find_secret(tmp_path, scrubber) is None
+    header = base64.b64encode(f"x-access-token:{GIT_TOKEN}".encode()).decode()
+    (tmp_path / ".git" / "config").write_text(f'[http]\n\textraHeader = "Basic {header}"\n')
+    assert gitclone.find_secret(tmp_path, scrubber) == tmp_path / ".git" / "config"
+
+
 def test_git_is_installed() -> None:
     assert shutil.which("git")
