@@ -51,6 +51,25 @@ def test_token_file_round_trips_with_mode_0600(tmp_path: Path) -> None:
     assert all(loaded.token_for(r) == table.token_for(r) for r in auth.ROLES)
 
 
+def test_overwriting_a_loose_token_file_tightens_it_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text("{}")
+    path.chmod(0o644)
+    modes: list[int] = []
+    real_dump = json.dump
+
+    def dump_noting_the_mode(*args: Any, **kwargs: Any) -> None:
+        modes.append(stat.S_IMODE(path.stat().st_mode))
+        real_dump(*args, **kwargs)
+
+    monkeypatch.setattr(auth.json, "dump", dump_noting_the_mode)
+    TokenTable.generate().save(path)
+    assert modes == [0o600]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
 def test_loading_a_world_readable_token_file_warns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -103,12 +103,13 @@ class TokenTable:
         file = Path(path)
         file.parent.mkdir(parents=True, exist_ok=True)
         data = {role: (v[0] if len(v) == 1 else list(v)) for role, v in self._tokens.items()}
-        # Created 0600 from the start, so the secret is never briefly world-readable.
+        # 0600 before any byte is written, so the secret is never briefly readable by others
+        # (O_CREAT's mode applies only to a new file; an existing one keeps its own).
         fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             json.dump(data, out, indent=2)
             out.write("\n")
-        os.chmod(file, 0o600)
 
     def token_for(self, role: str) -> str:
         """The (first) token of `role`; KeyError names the roles the table has."""
