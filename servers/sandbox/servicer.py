@@ -13,7 +13,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from oma import __version__
 from oma.common.v1 import common_pb2
-from oma.runtime.errors import OmaError, require_field
+from oma.runtime.errors import OmaError, invalid_field, require_field
 from oma.runtime.server import Service
 from oma.sandbox.v1 import sandbox_pb2 as pb
 from oma.sandbox.v1 import sandbox_pb2_grpc
@@ -231,11 +231,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     ) -> AsyncIterator[pb.ExecuteStreamResponse]:
         require_field(request.sandbox_id, "sandbox_id")
         if not request.name and not request.execution_id:
-            raise OmaError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "INVALID_FIELD",
-                "name is required to start an execution (or execution_id to re-attach)",
-                {"field": "name"},
+            raise invalid_field(
+                "name", "is required to start an execution (or execution_id to re-attach)"
             )
         try:
             async for event in self.manager.execute_stream(

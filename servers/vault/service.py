@@ -16,7 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from oma import __version__
 from oma.common.v1 import common_pb2
 from oma.runtime.auth import ADMIN, HARNESS, current_role
-from oma.runtime.errors import OmaError, require_field
+from oma.runtime.errors import OmaError, invalid_field, require_field
 from oma.servers.vault.core import CloneHead, StreamHead, Vault
 from oma.servers.vault.errors import STATUS_OF_REASON, VaultError
 from oma.servers.vault.models import (
@@ -108,22 +108,12 @@ def secret_from_proto(message: vault_pb2.CredentialSecret) -> Secret:
             client_secret=o.client_secret,
             scopes=list(o.scopes),
         )
-    raise OmaError(
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "INVALID_FIELD",
-        "secret must set one of bearer, header, basic, git_token, oauth",
-        {"field": "secret"},
-    )
+    raise invalid_field("secret", "must set one of bearer, header, basic, git_token, oauth")
 
 
 def _http_request(message: vault_pb2.HttpRequest, present: bool) -> HttpRequestSpec:
     if not present or not message.url:
-        raise OmaError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "INVALID_FIELD",
-            "request.url is required",
-            {"field": "request.url"},
-        )
+        raise invalid_field("request.url")
     return HttpRequestSpec(
         method=message.method.upper() or "GET",
         url=message.url,
@@ -197,12 +187,7 @@ class VaultServicer(vault_pb2_grpc.VaultServiceServicer):
         self, request: Any, context: Any
     ) -> vault_pb2.CreateCredentialResponse:
         if not request.HasField("secret"):
-            raise OmaError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "INVALID_FIELD",
-                "secret is required",
-                {"field": "secret"},
-            )
+            raise invalid_field("secret")
         try:
             info = await self.vault.create_credential(
                 actor=self._actor(),
@@ -221,12 +206,7 @@ class VaultServicer(vault_pb2_grpc.VaultServiceServicer):
     ) -> vault_pb2.RotateCredentialResponse:
         require_field(request.credential_id, "credential_id")
         if not request.HasField("secret"):
-            raise OmaError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "INVALID_FIELD",
-                "secret is required",
-                {"field": "secret"},
-            )
+            raise invalid_field("secret")
         try:
             info = await self.vault.rotate_credential(
                 actor=self._actor(),
