@@ -21,7 +21,6 @@ from oma.servers.sandbox.model import ExecutionResult, SandboxError, StreamEvent
 
 FRAME = struct.Struct(">I")
 _READ_LIMIT = 1 << 24
-_MAX_SOCKET_PATH = 100
 _MAX_IDLE = 8
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -39,20 +38,21 @@ class ExecutorClient:
         self._idle: list[Connection] = []
 
     async def _open(self) -> Connection:
-        path = str(self.socket_path)
-        directory_fd = -1
+        # The socket's directory is writable from inside the sandbox, so the socket may have
+        # been replaced by a symbolic link to some host socket: it is opened without
+        # following links and reached through the short /proc alias of that descriptor
+        # (which also keeps deep data directories under the ~108-byte socket path limit).
+        socket_fd = -1
         try:
-            if len(path.encode()) > _MAX_SOCKET_PATH:
-                # Unix socket paths are limited to ~108 bytes; a deep data directory is reached
-                # through a short /proc alias of an open descriptor of its directory.
-                directory_fd = os.open(self.socket_path.parent, os.O_PATH | os.O_DIRECTORY)
-                path = f"/proc/self/fd/{directory_fd}/{self.socket_path.name}"
-            return await asyncio.open_unix_connection(path, limit=_READ_LIMIT)
+            socket_fd = os.open(self.socket_path, os.O_PATH | os.O_NOFOLLOW)
+            return await asyncio.open_unix_connection(
+                f"/proc/self/fd/{socket_fd}", limit=_READ_LIMIT
+            )
         except OSError as error:
             raise ExecutorUnreachable(f"executor socket {self.socket_path}: {error}") from error
         finally:
-            if directory_fd >= 0:
-                os.close(directory_fd)
+            if socket_fd >= 0:
+                os.close(socket_fd)
 
     def _release(self, connection: Connection) -> None:
         if len(self._idle) < _MAX_IDLE and not connection[1].is_closing():

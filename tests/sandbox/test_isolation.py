@@ -6,12 +6,14 @@ import asyncio
 import os
 from pathlib import Path
 
+import pytest
 from google.protobuf import duration_pb2
 from sandbox_helpers import SandboxServer
 
 from oma.sandbox.v1 import sandbox_pb2 as pb
 from oma.servers.sandbox.backends.base import SandboxDirectories
 from oma.servers.sandbox.model import MiB
+from oma.servers.sandbox.protocol import ExecutorClient, ExecutorUnreachable
 
 
 async def test_no_network_no_capabilities_non_root_read_only_root(
@@ -139,3 +141,30 @@ def test_a_forged_or_planted_ready_marker_in_the_run_directory_is_ignored(
     assert dirs.is_ready("sb-planted")
     assert victim.read_text() == "untouched"
     dirs.release()
+
+
+async def test_a_socket_replaced_by_a_symlink_is_not_followed(tmp_path: Path) -> None:
+    # Code in the sandbox can write the executor's socket directory: it must not be able to
+    # point the server at some other socket of the host.
+    connections: list[object] = []
+
+    async def bait(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        writer.close()
+
+    host_socket = tmp_path / "host.sock"
+    server = await asyncio.start_unix_server(bait, path=str(host_socket))
+    try:
+        planted = tmp_path / "run" / "executor.sock"
+        planted.parent.mkdir()
+        planted.symlink_to(host_socket)
+        with pytest.raises(ExecutorUnreachable):
+            await ExecutorClient(planted).ping()
+        assert connections == []
+        # The host socket itself takes connections: only the link was refused.
+        reader, writer = await asyncio.open_unix_connection(str(host_socket))
+        await reader.read()  # the bait hangs up once it has counted the connection
+        writer.close()
+        assert len(connections) == 1
+    finally:
+        server.close()
