@@ -67,6 +67,8 @@ async def test_server_data_and_keys_are_not_visible(
         assert set(listing.output.split()) <= allowed, listing.output
         etc = await sandbox_server.bash(sandbox_id, "ls /etc | tr '\\n' ' '")
         assert "shadow" not in etc.output.split() and "passwd" in etc.output.split()
+        ssl = await sandbox_server.bash(sandbox_id, "ls /etc/ssl | tr '\\n' ' '")
+        assert "private" not in ssl.output.split() and "certs" in ssl.output.split()
 
 
 async def test_fork_bomb_hits_the_pids_limit_without_hurting_a_neighbour(

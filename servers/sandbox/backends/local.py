@@ -40,9 +40,12 @@ from oma.servers.sandbox.model import Sandbox, SandboxError
 HOST_IMAGE = "host"
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # Host files of /etc a process needs to run (dynamic linker cache, alternatives symlinks,
-# CA certificates); passwd, group and hosts are generated instead.
-ETC_FROM_HOST = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl",
-                 "localtime", "nsswitch.conf", "mime.types", "bash.bashrc", "profile")  # fmt: skip
+# CA certificates); passwd, group and hosts are generated instead. Of /etc/ssl only the
+# public parts: with a root server the sandbox user is host root in a user namespace, and
+# as the owner it could read root's 0600 keys in /etc/ssl/private.
+ETC_FROM_HOST = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl/certs",
+                 "ssl/openssl.cnf", "localtime", "nsswitch.conf", "mime.types", "bash.bashrc",
+                 "profile")  # fmt: skip
 ETC_GENERATED = {
     "passwd": f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
     f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:OMA sandbox:/workspace:/bin/bash\n"
