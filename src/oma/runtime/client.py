@@ -66,60 +66,33 @@ class _Outgoing:
         return tuple(pairs)
 
 
-class _UnaryUnary(aio.UnaryUnaryMultiCallable):
+class _AddsMetadata:
+    """The one behaviour every wrapped multi-callable has: call gRPC's own with the bearer
+    token and trace context added to the caller's metadata."""
+
     def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
         self._inner = inner
         self._outgoing = outgoing
 
-    def __call__(  # type: ignore[override]
-        self, request: Any, *, metadata: Any = None, **kwargs: Any
-    ) -> Any:
-        return self._inner(request, metadata=self._outgoing(metadata), **kwargs)
+    def __call__(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        return self._inner(*args, metadata=self._outgoing(metadata), **kwargs)
 
 
-class _UnaryStream(aio.UnaryStreamMultiCallable):
-    def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
-        self._inner = inner
-        self._outgoing = outgoing
-
-    def __call__(  # type: ignore[override]
-        self, request: Any, *, metadata: Any = None, **kwargs: Any
-    ) -> Any:
-        return self._inner(request, metadata=self._outgoing(metadata), **kwargs)
+# One subclass per call kind, so that each is an instance of the ABC grpc.aio expects.
+class _UnaryUnary(_AddsMetadata, aio.UnaryUnaryMultiCallable):
+    pass
 
 
-class _StreamUnary(aio.StreamUnaryMultiCallable):
-    def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
-        self._inner = inner
-        self._outgoing = outgoing
-
-    def __call__(  # type: ignore[override]
-        self,
-        request_iterator: Any = None,
-        timeout: float | None = None,
-        metadata: Any = None,
-        **kwargs: Any,
-    ) -> Any:
-        return self._inner(
-            request_iterator, timeout=timeout, metadata=self._outgoing(metadata), **kwargs
-        )
+class _UnaryStream(_AddsMetadata, aio.UnaryStreamMultiCallable):
+    pass
 
 
-class _StreamStream(aio.StreamStreamMultiCallable):
-    def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
-        self._inner = inner
-        self._outgoing = outgoing
+class _StreamUnary(_AddsMetadata, aio.StreamUnaryMultiCallable):
+    pass
 
-    def __call__(  # type: ignore[override]
-        self,
-        request_iterator: Any = None,
-        timeout: float | None = None,
-        metadata: Any = None,
-        **kwargs: Any,
-    ) -> Any:
-        return self._inner(
-            request_iterator, timeout=timeout, metadata=self._outgoing(metadata), **kwargs
-        )
+
+class _StreamStream(_AddsMetadata, aio.StreamStreamMultiCallable):
+    pass
 
 
 class OmaChannel(aio.Channel):
