@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import grpc
@@ -48,6 +49,7 @@ class Target:
         self._channels.clear()
 
 
+@cache  # every stub() call asks; the import probing need happen once per service
 def _service_file(service: str) -> str:
     import importlib
 
